@@ -1,0 +1,66 @@
+"""Typed tensors passed between rollout, reward, advantage and update.
+
+N = responses in the step (prompts x rollout.n), P = padded prompt length, R = padded response length.
+Prompts are left-padded and responses right-padded, so the prompt/response boundary is column P for
+every row (as in verl).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields, replace
+
+import torch
+
+
+@dataclass(frozen=True)
+class RolloutBatch:
+    prompt_ids: torch.Tensor  # [N, P] left-padded
+    prompt_mask: torch.Tensor  # [N, P] 1 on prompt tokens
+    response_ids: torch.Tensor  # [N, R] right-padded
+    response_mask: torch.Tensor  # [N, R] 1 on generated tokens up to and including EOS
+    rollout_log_probs: torch.Tensor  # [N, R] log-prob of each sampled token under the sampling policy
+
+    @property
+    def input_ids(self) -> torch.Tensor:  # [N, P+R]
+        return torch.cat([self.prompt_ids, self.response_ids], dim=1)
+
+    @property
+    def attention_mask(self) -> torch.Tensor:  # [N, P+R]
+        return torch.cat([self.prompt_mask, self.response_mask], dim=1)
+
+    def response_lengths(self) -> torch.Tensor:  # [N]
+        return self.response_mask.sum(-1)
+
+
+def position_ids(attention_mask: torch.Tensor) -> torch.Tensor:
+    """[N, L] -> [N, L]: 0 at each row's first real token, counting up; 0 on left padding."""
+    return (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
+
+
+@dataclass(frozen=True)
+class Experience:
+    """Everything the update needs, row-aligned. Select rows with `take`."""
+
+    input_ids: torch.Tensor  # [N, P+R]
+    attention_mask: torch.Tensor  # [N, P+R]
+    response_mask: torch.Tensor  # [N, R] float
+    old_log_probs: torch.Tensor  # [N, R] trainer log-probs before the update
+    ref_log_probs: torch.Tensor | None  # [N, R] reference policy (adapter off), when a KL term needs it
+    advantages: torch.Tensor  # [N, R]
+    rollout_log_probs: torch.Tensor  # [N, R]
+
+    @property
+    def num_rows(self) -> int:
+        return int(self.input_ids.shape[0])
+
+    @property
+    def response_length(self) -> int:
+        return int(self.response_mask.shape[1])
+
+    def take(self, rows: torch.Tensor | list[int]) -> Experience:
+        idx = torch.as_tensor(rows, dtype=torch.long)
+        picked = {}
+        for f in fields(self):
+            v = getattr(self, f.name)
+            picked[f.name] = None if v is None else v[idx]
+        return replace(self, **picked)

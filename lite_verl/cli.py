@@ -1,0 +1,196 @@
+"""The `lite-verl` command.
+
+    lite-verl train --preset laptop                       # GRPO on the CPU, tiny model, built-in task
+    lite-verl train --preset 4090x1 --config my.yaml --set trainer.total_steps=200
+    lite-verl train --resume runs/20261202-120000-laptop  # continue from the last checkpoint
+    lite-verl validate --preset 4090x4                    # print the resolved config, or what is wrong
+    lite-verl make-tiny-model DIR                         # random-init model + locally trained tokenizer
+    lite-verl prepare-gsm8k SRC.jsonl DST.jsonl           # GSM8K's jsonl -> verl's prompt schema
+
+A mistake in the input prints one line naming the field and the fix, and exits with code 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import sys
+from pathlib import Path
+
+from lite_verl.errors import UserError
+
+EPILOG = "Docs: README.md. Config keys: `lite-verl validate --keys`. Presets: `lite-verl presets`."
+
+
+def _add_config_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--preset", help="hardware preset: a name in presets/ (e.g. laptop, 4090x1) or a YAML path")
+    p.add_argument("--config", help="your YAML config; layered over the preset")
+    p.add_argument(
+        "--set", dest="sets", action="append", default=[], metavar="KEY=VALUE",
+        help="override one key, e.g. --set trainer.total_steps=10 (repeatable; values parsed as YAML)",
+    )
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="lite-verl",
+        description="RL post-training (GRPO, PPO and kin) of Hugging Face causal LMs on one workstation "
+        "or a laptop CPU.",
+        epilog=EPILOG,
+    )
+    parser.add_argument("--version", action="version", version=f"lite-verl {_version()}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+
+    p = sub.add_parser("train", help="run RL training", description="Run RL training (rollout -> reward -> "
+                       "advantage -> update -> sync), writing a run directory.", epilog=EPILOG)
+    _add_config_args(p)
+    p.add_argument("--run-dir", help="where to write the run (default runs/<time>-<preset>)")
+    p.add_argument("--resume", metavar="RUN_DIR", help="continue RUN_DIR from its last checkpoint")
+
+    p = sub.add_parser("validate", help="check a config and print it resolved",
+                       description="Resolve defaults < preset < --config < --set, check it, print it as YAML.")
+    _add_config_args(p)
+    p.add_argument("--keys", action="store_true", help="list every config key with its meaning")
+    p.add_argument("--no-env-check", action="store_true", help="skip the checks of this machine (GPUs, packages)")
+
+    sub.add_parser("presets", help="list the hardware presets")
+
+    p = sub.add_parser("make-tiny-model", help="write a random-init tiny model + tokenizer",
+                       description="Write a random-init Qwen2/Llama model and a tokenizer trained locally.")
+    p.add_argument("dir", help="output directory")
+    p.add_argument("--arch", default="qwen2", choices=["qwen2", "llama"])
+    p.add_argument("--seed", type=int, default=0)
+
+    p = sub.add_parser("prepare-gsm8k", help="convert GSM8K jsonl to verl's prompt schema",
+                       description="Convert GSM8K's {question, answer} jsonl into verl's prompt rows.")
+    p.add_argument("src", help="GSM8K train.jsonl or test.jsonl")
+    p.add_argument("dst", help="output .jsonl")
+    return parser
+
+
+def _version() -> str:
+    from lite_verl import __version__
+
+    return __version__
+
+
+def _quiet_libraries() -> None:
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")  # never download at run time
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    try:
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.disable_progress_bar()
+    except ImportError:  # pragma: no cover
+        pass
+
+
+def cmd_train(args: argparse.Namespace) -> int:
+    from lite_verl.config import load_config
+    from lite_verl.loop import load_run_config, prepare, run_training
+    from lite_verl.rundir import RunDir, default_run_dir
+    from lite_verl.validation import check_environment
+
+    if args.resume:
+        if args.config or args.run_dir:
+            raise UserError("--resume takes its config and run directory from RUN_DIR; drop --config/--run-dir")
+        cfg = load_run_config(Path(args.resume), args.sets)
+        check_environment(cfg)
+        run = RunDir(Path(args.resume))
+        session = prepare(cfg)
+        run.write_config(cfg)  # --set may extend trainer.total_steps
+        run_training(session, run, resume=True)
+        return 0
+    cfg = load_config(args.preset, args.config, args.sets)
+    check_environment(cfg)
+    path = Path(args.run_dir) if args.run_dir else default_run_dir(cfg.preset)
+    if path.exists() and any(path.iterdir()):
+        raise UserError(f"--run-dir {path} already exists and is not empty; pick another or use --resume {path}")
+    session = prepare(cfg)  # everything that can fail on bad input fails here, before the run dir exists
+    run = RunDir(path)
+    run.create(cfg)
+    try:
+        run_training(session, run)
+    except BaseException:
+        if run.latest_checkpoint() is None:  # nothing worth keeping: leave no half-written run behind
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            print(f"lite-verl: resume with: lite-verl train --resume {path}", file=sys.stderr)
+        raise
+    return 0
+
+
+def cmd_validate(args: argparse.Namespace) -> int:
+    import yaml
+
+    from lite_verl.config import describe, load_config, to_dict
+    from lite_verl.validation import check_environment
+
+    if args.keys:
+        for key, comment in describe():
+            print(f"{key:<36} {comment}")
+        return 0
+    cfg = load_config(args.preset, args.config, args.sets)
+    print(yaml.safe_dump(to_dict(cfg), sort_keys=False), end="")
+    if not args.no_env_check:
+        check_environment(cfg)
+    print(f"# config OK (preset {cfg.preset})", file=sys.stderr)
+    return 0
+
+
+def cmd_presets(args: argparse.Namespace) -> int:
+    from lite_verl.preset_files import preset_names, preset_path
+
+    for name in preset_names():
+        lines = preset_path(name).read_text().splitlines()
+        launch = next((ln.split(":", 1)[1].strip() for ln in lines if ln.startswith("# Launch:")), "")
+        print(f"{name:<10} {launch}")
+    return 0
+
+
+def cmd_make_tiny(args: argparse.Namespace) -> int:
+    from lite_verl.tiny import TinySpec, make_tiny_model
+
+    out = make_tiny_model(args.dir, TinySpec(arch=args.arch, seed=args.seed))
+    print(f"wrote a random-init {args.arch} model and its tokenizer to {out}")
+    return 0
+
+
+def cmd_prepare_gsm8k(args: argparse.Namespace) -> int:
+    from lite_verl.data.gsm8k import convert_gsm8k
+
+    n = convert_gsm8k(args.src, args.dst)
+    print(f"wrote {n} prompts to {args.dst}")
+    return 0
+
+
+COMMANDS = {
+    "train": cmd_train,
+    "validate": cmd_validate,
+    "presets": cmd_presets,
+    "make-tiny-model": cmd_make_tiny,
+    "prepare-gsm8k": cmd_prepare_gsm8k,
+}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not args.command:
+        parser.print_help()
+        return 0
+    _quiet_libraries()
+    try:
+        return COMMANDS[args.command](args)
+    except UserError as e:
+        print(f"lite-verl: error: {e}", file=sys.stderr)
+        return e.exit_code
+    except KeyboardInterrupt:
+        print("lite-verl: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

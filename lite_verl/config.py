@@ -1,0 +1,345 @@
+"""Typed, frozen run configuration.
+
+Layers, later wins: dataclass defaults < preset (presets/NAME.yaml) < user YAML (--config FILE)
+< `--set a.b=c` overrides. Every key is checked against the dataclasses below: an unknown key is an
+error that names the nearest valid key, a wrong type names the field and the expected type.
+
+A preset only says *where and how* things run (devices, memory knobs, backends, prices); what is
+computed (batch sizes in prompts, loss normalisation, seeds) lives in the other sections so that a
+laptop and a workstation run of one config follow the same algorithm.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from lite_verl.errors import ConfigError
+
+# ----------------------------------------------------------------------------------------------------
+# Sections. One comment per field; the comment is the documentation (`lite-verl validate` prints it).
+# ----------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    path: str = "tiny:qwen2"  # HF causal-LM directory, or tiny:qwen2 / tiny:llama (random-init, made on the spot)
+    dtype: str = "float32"  # float32 | bfloat16 | float16: weights and compute of the trained model
+    trust_remote_code: bool = False  # passed to from_pretrained for models with custom code
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    train_files: tuple[str, ...] = ()  # jsonl/parquet files in verl's schema; empty = the built-in task
+    val_files: tuple[str, ...] = ()  # validation files (same schema); empty = a held-out built-in set
+    task: str = "echo"  # built-in task when train_files is empty: echo | arithmetic
+    task_size: int = 4096  # number of built-in training prompts generated from trainer.seed
+    val_size: int = 64  # number of prompts scored at each validation
+    max_prompt_length: int = 256  # prompts longer than this (in tokens) are an error naming the row
+    shuffle: bool = True  # reshuffle the prompts every epoch (seeded by trainer.seed and the epoch)
+
+
+@dataclass(frozen=True)
+class RolloutConfig:
+    engine: str = "hf"  # hf (transformers generate) | vllm
+    n: int = 8  # responses sampled per prompt (the GRPO group size)
+    temperature: float = 1.0  # sampling temperature; the trainer divides logits by it too
+    top_p: float = 1.0  # nucleus sampling
+    max_new_tokens: int = 32  # response length limit in tokens
+    gpus: tuple[int, ...] = ()  # local GPU ids for rollout; empty = CPU
+    gpu_memory_utilization: float = 0.5  # vLLM: fraction of each rollout GPU it may take
+    quantization: str = "none"  # none | awq: weights the rollout engine serves
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    backend: str = "lora"  # lora | qlora | fsdp | deepspeed
+    gpus: tuple[int, ...] = ()  # local GPU ids for training; empty = CPU
+    lr: float = 1e-4  # AdamW learning rate (constant)
+    weight_decay: float = 0.0  # AdamW weight decay
+    grad_clip: float = 1.0  # max global grad norm; <= 0 disables clipping
+    micro_batch_size: int = 8  # sequences per forward/backward; a memory knob, never changes the maths
+    lora_rank: int = 16  # LoRA rank r
+    lora_alpha: int = 32  # LoRA alpha (scale = alpha / r)
+    lora_dropout: float = 0.0  # LoRA dropout
+    target_modules: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")  # LoRA targets
+    gradient_checkpointing: bool = False  # trade compute for activation memory
+
+
+@dataclass(frozen=True)
+class AlgorithmConfig:
+    adv_estimator: str = "grpo"  # grpo | dr_grpo (more in the algorithms issue)
+    norm_adv_by_std_in_grpo: bool = True  # GRPO: divide by the group std (False = Dr. GRPO)
+    use_kl_loss: bool = False  # add beta * KL(policy || reference) to the loss
+    kl_loss_coef: float = 0.001  # beta
+    kl_loss_type: str = "low_var_kl"  # kl (k1) | abs | mse (k2) | low_var_kl (k3)
+    clip_ratio_low: float = 0.2  # PPO clip: ratio >= 1 - clip_ratio_low
+    clip_ratio_high: float = 0.2  # PPO clip: ratio <= 1 + clip_ratio_high (DAPO clip-higher when larger)
+    clip_ratio_c: float = 3.0  # dual clip for negative advantages (> 1)
+    loss_agg_mode: str = "token-mean"  # token-mean | seq-mean-token-sum | seq-mean-token-mean | seq-mean-token-sum-norm
+    entropy_coeff: float = 0.0  # entropy bonus coefficient (loss -= coeff * entropy)
+    ppo_epochs: int = 1  # passes over each rollout batch
+    ppo_mini_batch_size: int = 0  # prompts per optimizer step; 0 = the whole batch (one step per rollout)
+
+
+@dataclass(frozen=True)
+class RewardConfig:
+    function: str = ""  # module:function or path/to/file.py:function; empty = rule by data_source
+    device: str = "cpu"  # where a reward model runs: cpu or cuda:N
+
+
+@dataclass(frozen=True)
+class SyncConfig:
+    mode: str = "adapter"  # adapter (push LoRA tensors) | merged (merge, load full weights)
+
+
+@dataclass(frozen=True)
+class TrainerConfig:
+    total_steps: int = 60  # rollout + update steps
+    batch_size: int = 16  # prompts per step, global: the same on every machine
+    seed: int = 0  # seeds data order, built-in task, sampling and init
+    save_every: int = 0  # checkpoint every N steps (0 = only at the end)
+    keep_checkpoints: int = 2  # keep the last N checkpoints
+    val_every: int = 0  # validate every N steps (0 = never; the run still validates at the end if val_size>0)
+    tensorboard: bool = True  # also write TensorBoard events next to metrics.jsonl
+    progress: bool = True  # show a progress bar
+
+
+@dataclass(frozen=True)
+class CostConfig:
+    gpu_models: tuple[str, ...] = ()  # model of each local GPU id, e.g. [RTX 4090, RTX 4090]
+    price_per_hour: dict[str, float] = field(default_factory=dict)  # USD per GPU-hour by model (and "cpu")
+
+
+@dataclass(frozen=True)
+class Config:
+    preset: str = "laptop"  # the preset this config was built from (informational)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
+    reward: RewardConfig = field(default_factory=RewardConfig)
+    sync: SyncConfig = field(default_factory=SyncConfig)
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    cost: CostConfig = field(default_factory=CostConfig)
+
+    def validate(self) -> Config:
+        from lite_verl.validation import validate_config
+
+        validate_config(self)
+        return self
+
+
+# ----------------------------------------------------------------------------------------------------
+# Building a Config from nested dicts, with type checks.
+# ----------------------------------------------------------------------------------------------------
+
+
+def _hints(cls: type) -> dict[str, Any]:
+    return typing.get_type_hints(cls)
+
+
+def all_keys(cls: type = Config, prefix: str = "") -> list[str]:
+    """Every dotted key a config accepts, e.g. `trainer.total_steps`."""
+    keys = []
+    for name, tp in _hints(cls).items():
+        if dataclasses.is_dataclass(tp):
+            keys.extend(all_keys(tp, f"{prefix}{name}."))  # type: ignore[arg-type]
+        else:
+            keys.append(f"{prefix}{name}")
+    return keys
+
+
+def _unknown_key(key: str) -> ConfigError:
+    near = difflib.get_close_matches(key, all_keys(), n=1, cutoff=0.5)
+    if not near:  # try the last part alone: `lr` -> `train.lr`
+        tail = key.rsplit(".", 1)[-1]
+        near = [k for k in all_keys() if k.rsplit(".", 1)[-1] == tail][:1]
+    hint = f"; did you mean '{near[0]}'?" if near else "; `lite-verl validate --keys` lists the valid keys"
+    return ConfigError(f"unknown config key '{key}'{hint}")
+
+
+def _type_name(tp: Any) -> str:
+    origin = typing.get_origin(tp)
+    if origin is tuple:
+        return f"list of {_type_name(typing.get_args(tp)[0])}"
+    if origin is dict:
+        k, v = typing.get_args(tp)
+        return f"mapping of {_type_name(k)} to {_type_name(v)}"
+    return getattr(tp, "__name__", str(tp))
+
+
+def _coerce(key: str, value: Any, tp: Any) -> Any:
+    """Check `value` against the field type `tp`; return it in the dataclass's representation."""
+    bad = ConfigError(f"{key} must be a {_type_name(tp)}, got {value!r} ({type(value).__name__}); fix it in the config")
+    origin = typing.get_origin(tp)
+    if origin is tuple:
+        if isinstance(value, (str, int, float)) and not isinstance(value, bool) and typing.get_args(tp)[0] is not str:
+            value = [value]  # `--set train.gpus=0` means [0]
+        if isinstance(value, str):
+            value = [value]
+        if not isinstance(value, (list, tuple)):
+            raise bad
+        return tuple(_coerce(f"{key}[{i}]", v, typing.get_args(tp)[0]) for i, v in enumerate(value))
+    if origin is dict:
+        if not isinstance(value, dict):
+            raise bad
+        kt, vt = typing.get_args(tp)
+        return {_coerce(f"{key} key", k, kt): _coerce(f"{key}.{k}", v, vt) for k, v in value.items()}
+    if tp is bool:
+        if not isinstance(value, bool):
+            raise bad
+        return value
+    if tp is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise bad
+        return value
+    if tp is float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise bad
+        return float(value)
+    if tp is str:
+        if isinstance(value, bool) or not isinstance(value, (str, int, float)):
+            raise bad
+        return str(value)
+    raise bad  # pragma: no cover
+
+
+def _build(cls: type, data: dict[str, Any], prefix: str = "") -> Any:
+    hints = _hints(cls)
+    kwargs: dict[str, Any] = {}
+    for name, value in data.items():
+        key = f"{prefix}{name}"
+        if name not in hints:
+            raise _unknown_key(key)
+        tp = hints[name]
+        if dataclasses.is_dataclass(tp):
+            if value is None:
+                continue
+            if not isinstance(value, dict):
+                raise ConfigError(f"{key} must be a section (a mapping of keys), got {value!r}")
+            kwargs[name] = _build(tp, value, f"{key}.")  # type: ignore[arg-type]
+        else:
+            kwargs[name] = _coerce(key, value, tp)
+    return cls(**kwargs)
+
+
+def merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+    """Deep merge of nested dicts; `over` wins. Lists are replaced, not concatenated."""
+    out = dict(base)
+    for k, v in over.items():
+        if isinstance(v, dict) and isinstance(out.get(k), dict):
+            out[k] = merge(out[k], v)
+        else:
+            out[k] = v
+    return out
+
+
+def parse_override(item: str) -> dict[str, Any]:
+    """`a.b=c` -> {"a": {"b": c}} with c parsed as YAML (`3` int, `[0,1]` list, `true` bool)."""
+    if "=" not in item:
+        raise ConfigError(f"--set {item!r} is not key=value; write e.g. --set trainer.total_steps=10")
+    key, raw = item.split("=", 1)
+    key = key.strip()
+    if key not in all_keys():
+        raise _unknown_key(key)
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else ""
+    except yaml.YAMLError:
+        value = raw
+    if value is None:
+        value = ""
+    out: dict[str, Any] = {}
+    node = out
+    parts = key.split(".")
+    for p in parts[:-1]:
+        node = node.setdefault(p, {})
+    node[parts[-1]] = value
+    return out
+
+
+def read_yaml(path: str | Path, what: str) -> dict[str, Any]:
+    p = Path(path)
+    if not p.is_file():
+        raise ConfigError(f"{what} {str(p)!r} does not exist; give the path of a YAML file")
+    try:
+        data = yaml.safe_load(p.read_text())
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f" at line {mark.line + 1}" if mark is not None else ""
+        raise ConfigError(f"{what} {str(p)!r} is not valid YAML{where}; fix its syntax") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{what} {str(p)!r} must hold a mapping of sections (model:, data:, ...)")
+    return data
+
+
+def from_dict(data: dict[str, Any]) -> Config:
+    cfg: Config = _build(Config, data)
+    return cfg
+
+
+def to_dict(cfg: Any) -> dict[str, Any]:
+    """Plain nested dict (tuples as lists) for YAML/JSON output."""
+    out: dict[str, Any] = {}
+    for f in dataclasses.fields(cfg):
+        v = getattr(cfg, f.name)
+        if dataclasses.is_dataclass(v):
+            out[f.name] = to_dict(v)
+        elif isinstance(v, tuple):
+            out[f.name] = list(v)
+        elif isinstance(v, dict):
+            out[f.name] = dict(v)
+        else:
+            out[f.name] = v
+    return out
+
+
+def load_config(
+    preset: str | None = None, config_file: str | None = None, overrides: list[str] | tuple[str, ...] = ()
+) -> Config:
+    """Resolve the layers into a validated Config. Raises ConfigError with a one-line message."""
+    from lite_verl.preset_files import preset_path
+
+    data: dict[str, Any] = {}
+    if config_file:
+        user = read_yaml(config_file, "config file")
+        # a resolved run config names its preset; --preset on the command line wins
+        preset = preset or user.get("preset")
+    else:
+        user = {}
+    preset = preset or "laptop"
+    data = merge(data, read_yaml(preset_path(preset), f"preset '{preset}'"))
+    data = merge(data, user)
+    for item in overrides:
+        data = merge(data, parse_override(item))
+    data["preset"] = preset
+    return from_dict(data).validate()
+
+
+def describe(cls: type = Config, prefix: str = "") -> list[tuple[str, str]]:
+    """(dotted key, comment) pairs, read from the comments in this file."""
+    import inspect
+
+    src = inspect.getsource(cls).splitlines()
+    comments = {}
+    for line in src:
+        s = line.strip()
+        if ":" in s and "#" in s and not s.startswith("#"):
+            name = s.split(":", 1)[0].strip()
+            comments[name] = s.split("#", 1)[1].strip()
+    out = []
+    for name, tp in _hints(cls).items():
+        if dataclasses.is_dataclass(tp):
+            out.extend(describe(tp, f"{prefix}{name}."))  # type: ignore[arg-type]
+        else:
+            out.append((f"{prefix}{name}", comments.get(name, "")))
+    return out

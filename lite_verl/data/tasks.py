@@ -1,0 +1,100 @@
+"""Built-in tasks, generated locally from a seed (no download), in verl's row schema.
+
+* `echo`: "Repeat the letter c." The reward is the share of the first ECHO_LEN characters of the
+  answer that are that letter, so it is graded (0..1) and a random-init tiny model can climb it by RL
+  in minutes on a CPU: first by learning which letters pay, then which letter the prompt asks for.
+* `arithmetic`: GSM8K-style word problems with one or two operations on small numbers; the answer is
+  checked exactly like GSM8K's (`#### n`, the last one in the response). A step towards GSM8K for
+  small pretrained models.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable
+
+from lite_verl.data.schema import PromptRow
+
+ECHO_LETTERS = "abcd"  # the letters a prompt may ask for
+ECHO_LEN = 8  # characters scored
+ECHO_SOURCE = "lite_verl/echo"
+ARITH_SOURCE = "lite_verl/arithmetic"
+GSM8K_SUFFIX = 'Let\'s think step by step and output the final answer after "####".'
+
+
+def echo_rows(n: int, seed: int) -> list[PromptRow]:
+    rng = random.Random(f"echo-{seed}")
+    rows = []
+    for i in range(n):
+        letter = rng.choice(ECHO_LETTERS)
+        rows.append(
+            PromptRow(
+                messages=({"role": "user", "content": f"Repeat the letter {letter}."},),
+                data_source=ECHO_SOURCE,
+                ground_truth=letter,
+                extra_info={"index": i, "answer": letter * ECHO_LEN},
+            )
+        )
+    return rows
+
+
+_NAMES = ["Sam", "Ana", "Tom", "Mia", "Leo", "Zoe", "Max", "Ivy"]
+_ITEMS = ["apples", "books", "coins", "pens", "cards", "eggs", "shells", "stamps"]
+
+
+def _word_problem(rng: random.Random) -> tuple[str, str, int]:
+    """One problem: (question, worked solution ending in '#### n', n)."""
+    name, item = rng.choice(_NAMES), rng.choice(_ITEMS)
+    a, b = rng.randint(2, 20), rng.randint(2, 20)
+    kind = rng.choice(["add", "sub", "mul", "add_sub"])
+    if kind == "add":
+        q = f"{name} has {a} {item}. {name} gets {b} more. How many {item} does {name} have now?"
+        ans, work = a + b, f"{a} + {b} = {a + b}"
+    elif kind == "sub":
+        a, b = max(a, b), min(a, b)
+        q = f"{name} has {a} {item} and gives away {b}. How many {item} are left?"
+        ans, work = a - b, f"{a} - {b} = {a - b}"
+    elif kind == "mul":
+        a, b = rng.randint(2, 9), rng.randint(2, 9)
+        q = f"{name} buys {a} boxes with {b} {item} in each box. How many {item} is that in total?"
+        ans, work = a * b, f"{a} * {b} = {a * b}"
+    else:
+        c = rng.randint(1, a + b)
+        q = f"{name} has {a} {item}, finds {b} more, then loses {c}. How many {item} does {name} have?"
+        ans, work = a + b - c, f"{a} + {b} = {a + b}, {a + b} - {c} = {a + b - c}"
+    return q, f"{work}.\n#### {ans}", ans
+
+
+def arithmetic_rows(n: int, seed: int) -> list[PromptRow]:
+    rng = random.Random(f"arithmetic-{seed}")
+    rows = []
+    for i in range(n):
+        q, solution, ans = _word_problem(rng)
+        rows.append(
+            PromptRow(
+                messages=({"role": "user", "content": f"{q} {GSM8K_SUFFIX}"},),
+                data_source=ARITH_SOURCE,
+                ground_truth=str(ans),
+                extra_info={"index": i, "answer": solution, "question": q},
+            )
+        )
+    return rows
+
+
+TASKS: dict[str, Callable[[int, int], list[PromptRow]]] = {"echo": echo_rows, "arithmetic": arithmetic_rows}
+
+
+def task_rows(task: str, n: int, seed: int, split: str = "train") -> list[PromptRow]:
+    """`split` picks a disjoint seed stream, so validation prompts are held out from training ones."""
+    stream = seed if split == "train" else seed + 1_000_003
+    return TASKS[task](n, stream)
+
+
+def tokenizer_corpus(seed: int = 0, n: int = 2000) -> list[str]:
+    """Text the tiny model's tokenizer is trained on: every built-in task's prompts and answers."""
+    texts = []
+    for make in TASKS.values():
+        for row in make(n, seed):
+            texts.append(row.messages[0]["content"])
+            texts.append(str(row.extra_info.get("answer", row.ground_truth)))
+    return texts

@@ -1,0 +1,53 @@
+"""All device placement goes through here: config GPU ids -> torch devices and dtypes.
+
+Local GPU ids in the config are the ids this process sees (after CUDA_VISIBLE_DEVICES). An empty list
+means CPU. Rollout workers in their own processes get CUDA_VISIBLE_DEVICES set from their ids.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def torch_dtype(name: str) -> torch.dtype:
+    return DTYPES[name]
+
+
+def role_device(gpus: tuple[int, ...]) -> torch.device:
+    """The device a single-process role runs on: its first GPU, or the CPU."""
+    return torch.device(f"cuda:{gpus[0]}") if gpus else torch.device("cpu")
+
+
+def visible_devices_env(gpus: tuple[int, ...]) -> dict[str, str]:
+    """Environment for a worker process pinned to `gpus` (ids as this process sees them)."""
+    parent = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if parent:
+        physical = [p.strip() for p in parent.split(",")]
+        ids = [physical[g] for g in gpus]
+    else:
+        ids = [str(g) for g in gpus]
+    return {"CUDA_VISIBLE_DEVICES": ",".join(ids)}
+
+
+def describe_devices() -> dict[str, object]:
+    """What this machine has, for env.json."""
+    info: dict[str, object] = {"cpu_count": os.cpu_count(), "cuda_available": torch.cuda.is_available()}
+    if torch.cuda.is_available():
+        info["gpus"] = [
+            {
+                "id": i,
+                "name": torch.cuda.get_device_name(i),
+                "memory_gb": round(torch.cuda.get_device_properties(i).total_memory / 2**30, 1),
+            }
+            for i in range(torch.cuda.device_count())
+        ]
+    return info
+
+
+def synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)

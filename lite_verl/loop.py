@@ -1,0 +1,224 @@
+"""The training loop, top to bottom: rollout -> reward -> advantage -> update -> sync -> log.
+
+    lite-verl train --preset laptop
+
+`prepare` loads and checks everything a run needs (model, tokenizer, data, reward function) before
+the run directory is created, so bad input costs no half-written run. `run_training` is the loop.
+Seeds: data order from (trainer.seed, epoch); sampling at step k from (trainer.seed, k); LoRA init
+from trainer.seed. A resumed run therefore continues exactly where the checkpoint left it.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from lite_verl.config import Config
+from lite_verl.console import Progress, summary_text
+from lite_verl.cost import Ledger, bill
+from lite_verl.data.loader import PromptSampler, PromptSet, load_prompt_sets
+from lite_verl.device import role_device
+from lite_verl.errors import UserError
+from lite_verl.rewards import RewardFn, load_reward_function, score_batch
+from lite_verl.rollout.base import SamplingSettings
+from lite_verl.rundir import MetricsLog, RunDir, read_metrics, set_rng_state
+from lite_verl.update import compute_advantages, make_experience, ppo_update
+
+MAX_SKIPPED_STEPS = 5  # non-finite losses in a row before the run stops
+
+
+class TrainingDiverged(UserError):
+    """The loss or gradients stayed non-finite; the message suggests the fix."""
+
+
+@dataclass
+class Session:
+    cfg: Config
+    tokenizer: Any
+    backend: Any  # a training backend (train/lora.py)
+    engine: Any  # a rollout engine (rollout/base.py)
+    train_set: PromptSet
+    val_set: PromptSet
+    reward_fn: RewardFn
+
+
+def prepare(cfg: Config) -> Session:
+    """Load model, tokenizer, data and reward function; raises UserError before anything is written."""
+    from lite_verl.model import load_model, load_tokenizer, resolve_model_path
+    from lite_verl.rollout.hf import HFRolloutEngine
+    from lite_verl.train.lora import LoraBackend
+
+    torch.manual_seed(cfg.trainer.seed)
+    reward_fn = load_reward_function(cfg.reward.function)
+    path = resolve_model_path(cfg.model)
+    tokenizer = load_tokenizer(path, cfg.model.trust_remote_code)
+    train_set, val_set = load_prompt_sets(cfg.data, tokenizer, cfg.trainer.seed)
+    device = role_device(cfg.train.gpus)
+    base = load_model(path, cfg.model, device)
+    backend = LoraBackend(base, cfg.train, device, cfg.trainer.seed)
+    engine = HFRolloutEngine(backend.model, tokenizer, device)
+    return Session(cfg, tokenizer, backend, engine, train_set, val_set, reward_fn)
+
+
+def step_seed(seed: int, step: int) -> int:
+    return (seed * 1_000_003 + step * 7919) % (2**31)
+
+
+def score(session: Session, rows_idx: list[int], prompts: PromptSet, texts: list[str], n: int) -> torch.Tensor:
+    rows = [prompts.rows[i] for i in rows_idx for _ in range(n)]
+    name = session.cfg.reward.function or "the rule reward"
+    values = score_batch(
+        session.reward_fn,
+        [r.data_source for r in rows],
+        texts,
+        [r.ground_truth for r in rows],
+        [r.extra_info for r in rows],
+        name=name,
+    )
+    return torch.tensor(values, dtype=torch.float32)
+
+
+def validate(session: Session, step: int) -> dict[str, float]:
+    """Greedy, one response per held-out prompt; the mean score."""
+    val = session.val_set
+    if not len(val):
+        return {}
+    sampling = SamplingSettings(n=1, temperature=0.0, max_new_tokens=session.cfg.rollout.max_new_tokens)
+    rollout = session.engine.generate(val.token_ids, sampling, seed=step_seed(session.cfg.trainer.seed, -1))
+    texts = session.tokenizer.batch_decode(rollout.response_ids * rollout.response_mask, skip_special_tokens=True)
+    scores = score(session, list(range(len(val))), val, texts, 1)
+    return {"val/reward_mean": float(scores.mean())}
+
+
+def train_step(session: Session, sampler: PromptSampler, step: int, ledger: Ledger) -> dict[str, float]:
+    cfg, r = session.cfg, session.cfg.rollout
+    t0 = time.perf_counter()
+    rows_idx = sampler.next_batch()
+    sampling = SamplingSettings(n=r.n, temperature=r.temperature, top_p=r.top_p, max_new_tokens=r.max_new_tokens)
+    with ledger.busy_on("rollout"):
+        rollout = session.engine.generate(
+            [session.train_set.token_ids[i] for i in rows_idx], sampling, seed=step_seed(cfg.trainer.seed, step)
+        )
+    t1 = time.perf_counter()
+    with ledger.busy_on("reward"):
+        texts = session.tokenizer.batch_decode(rollout.response_ids * rollout.response_mask, skip_special_tokens=True)
+        scores = score(session, rows_idx, session.train_set, texts, r.n)
+    t2 = time.perf_counter()
+    group_ids = [i for i in range(len(rows_idx)) for _ in range(r.n)]
+    micro = cfg.train.micro_batch_size
+    with ledger.busy_on("train"):
+        advantages = compute_advantages(scores, rollout.response_mask, group_ids, cfg.algorithm)
+        exp = make_experience(session.backend, rollout, advantages, cfg.algorithm, micro, r.temperature)
+        mini = cfg.algorithm.ppo_mini_batch_size or cfg.trainer.batch_size
+        metrics = ppo_update(session.backend, exp, cfg.algorithm, mini * r.n, micro, r.temperature)
+    t3 = time.perf_counter()
+    sync_s = session.engine.sync_weights(step)
+    t4 = time.perf_counter()
+    lengths = rollout.response_lengths().float()
+    gen_tokens = float(lengths.sum())
+    all_tokens = gen_tokens + float(rollout.prompt_mask.sum())
+    metrics.update(
+        {
+            "reward/mean": float(scores.mean()),
+            "reward/std": float(scores.std()) if len(scores) > 1 else 0.0,
+            "reward/max": float(scores.max()),
+            "response_length/mean": float(lengths.mean()),
+            "response_length/clip_ratio": float((lengths >= rollout.response_ids.shape[1]).float().mean()),
+            "perf/gen_tokens_per_s": gen_tokens / max(t1 - t0, 1e-9),
+            "perf/tokens_per_s": all_tokens / max(t4 - t0, 1e-9),
+            "timing/rollout_s": t1 - t0,
+            "timing/reward_s": t2 - t1,
+            "timing/update_s": t3 - t2,
+            "timing/sync_s": sync_s,
+            "timing/step_s": t4 - t0,
+        }
+    )
+    return metrics
+
+
+def _resume(session: Session, run: RunDir, ledger: Ledger) -> tuple[int, int]:
+    """Load the latest checkpoint: -> (next step, prompts consumed)."""
+    ckpt = run.latest_checkpoint()
+    if ckpt is None:
+        raise UserError(f"--resume {run.path}: it holds no complete checkpoint; start a new run instead")
+    session.backend.load(ckpt)
+    state = json.loads((ckpt / "state.json").read_text())
+    set_rng_state(torch.load(ckpt / "rng.pt", weights_only=False))
+    ledger.restore(state.get("ledger", {}))
+    return int(state["step"]) + 1, int(state["consumed"])
+
+
+def run_training(session: Session, run: RunDir, resume: bool = False) -> dict[str, Any]:
+    """The loop. Returns the summary (also written to RUN/summary.json)."""
+    cfg, tr = session.cfg, session.cfg.trainer
+    ledger = Ledger.from_config(cfg)
+    start, consumed = _resume(session, run, ledger) if resume else (1, 0)
+    log = MetricsLog(run.path, tr.tensorboard, resume_step=start - 1 if resume else None)
+    sampler = PromptSampler(len(session.train_set), tr.batch_size, tr.seed, cfg.data.shuffle, consumed)
+    if not resume and cfg.data.val_size:
+        log.log(0, validate(session, 0))
+    progress = Progress(tr.total_steps, start - 1, enabled=tr.progress)
+    skipped = 0
+    try:
+        for step in range(start, tr.total_steps + 1):
+            metrics = train_step(session, sampler, step, ledger)
+            skipped = skipped + 1 if metrics.get("actor/skipped_step") else 0
+            if skipped:
+                warnings.warn(f"step {step}: non-finite loss or gradient; the update was skipped", stacklevel=1)
+            if skipped >= MAX_SKIPPED_STEPS:
+                raise TrainingDiverged(
+                    f"{skipped} steps in a row had a non-finite loss; lower train.lr or check the reward scale"
+                )
+            if tr.val_every and step % tr.val_every == 0 and step != tr.total_steps:
+                metrics.update(validate(session, step))
+            log.log(step, metrics)
+            progress.update(step, metrics)
+            if (tr.save_every and step % tr.save_every == 0) or step == tr.total_steps:
+                state = {"consumed": sampler.consumed, "ledger": ledger.state()}
+                run.save_checkpoint(step, session.backend, state, tr.keep_checkpoints)
+        final_val = validate(session, tr.total_steps) if cfg.data.val_size else {}
+        if final_val:
+            log.log(tr.total_steps, final_val)
+    finally:
+        progress.close()
+        log.close()
+    return _finish(session, run, ledger)
+
+
+def _finish(session: Session, run: RunDir, ledger: Ledger) -> dict[str, Any]:
+    rows = [m for m in read_metrics(run.path) if "reward/mean" in m]
+    vals = [m for m in read_metrics(run.path) if "val/reward_mean" in m]
+    k = max(1, math.ceil(len(rows) * 0.1))
+    summary: dict[str, Any] = {
+        "run_dir": str(run.path),
+        "steps": len(rows),
+        "wall_s": ledger.wall(),
+        "reward_first_10pct": sum(m["reward/mean"] for m in rows[:k]) / k if rows else None,
+        "reward_last_10pct": sum(m["reward/mean"] for m in rows[-k:]) / k if rows else None,
+        "val_reward_start": vals[0]["val/reward_mean"] if vals else None,
+        "val_reward_end": vals[-1]["val/reward_mean"] if vals else None,
+        "tokens_per_s": sum(m["perf/tokens_per_s"] for m in rows) / len(rows) if rows else None,
+        "checkpoint": str(run.latest_checkpoint() or ""),
+        "bill": [vars(b) for b in bill(ledger, session.cfg)],
+    }
+    from lite_verl.rundir import atomic_write_text
+
+    atomic_write_text(run.path / "summary.json", json.dumps(summary, indent=2))
+    print(summary_text(summary, bill(ledger, session.cfg)), flush=True)
+    return summary
+
+
+def load_run_config(run_dir: Path, overrides: list[str]) -> Config:
+    from lite_verl.config import load_config
+
+    cfg_file = Path(run_dir) / "config.yaml"
+    if not cfg_file.is_file():
+        raise UserError(f"--resume {run_dir}: no config.yaml there; give a run directory made by lite-verl train")
+    return load_config(None, str(cfg_file), overrides)

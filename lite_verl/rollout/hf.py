@@ -1,0 +1,107 @@
+"""Rollout with transformers `generate` on the trained model itself (colocated, no weight copy).
+
+For laptops, CPU CI and as a correctness reference for vLLM. Because the engine holds the very module
+the trainer updates, `sync_weights` has nothing to move.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from lite_verl.algos import log_probs_from_logits
+from lite_verl.batch import RolloutBatch
+from lite_verl.rollout.base import SamplingSettings
+
+
+def left_pad(prompts: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """-> ids [B, P], mask [B, P], left-padded to the longest prompt."""
+    width = max(len(p) for p in prompts)
+    ids = torch.full((len(prompts), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(prompts), width), dtype=torch.long)
+    for i, p in enumerate(prompts):
+        ids[i, width - len(p) :] = torch.tensor(p, dtype=torch.long)
+        mask[i, width - len(p) :] = 1
+    return ids, mask
+
+
+def response_mask_after_eos(response_ids: torch.Tensor, eos_ids: set[int]) -> torch.Tensor:
+    """[B, R] -> [B, R] long: 1 up to and including the first EOS, 0 after it."""
+    is_eos = torch.zeros_like(response_ids, dtype=torch.bool)
+    for e in eos_ids:
+        is_eos |= response_ids == e
+    before = is_eos.long().cumsum(-1) - is_eos.long()  # EOS seen strictly before this position
+    return (before == 0).long()
+
+
+class HFRolloutEngine:
+    def __init__(self, model: torch.nn.Module, tokenizer, device: torch.device, chunk_size: int = 256) -> None:
+        self.model = model
+        self.tokenizer = tokenizer
+        self.device = device
+        self.chunk_size = chunk_size  # rows per generate call (memory bound)
+        eos = model.generation_config.eos_token_id if hasattr(model, "generation_config") else None
+        eos_list = eos if isinstance(eos, list) else [eos] if eos is not None else []
+        self.eos_ids = {int(e) for e in eos_list} | {int(tokenizer.eos_token_id)}
+        self.pad_id = int(tokenizer.pad_token_id)
+
+    @torch.no_grad()
+    def generate(self, prompts: list[list[int]], sampling: SamplingSettings, seed: int) -> RolloutBatch:
+        rows = [p for p in prompts for _ in range(sampling.n)]
+        was_training = self.model.training
+        self.model.eval()
+        outs = []
+        with torch.random.fork_rng(devices=[self.device] if self.device.type == "cuda" else []):
+            torch.manual_seed(seed)
+            for start in range(0, len(rows), self.chunk_size):
+                outs.append(self._generate_chunk(rows[start : start + self.chunk_size], sampling))
+        self.model.train(was_training)
+        return _concat(outs, self.pad_id)
+
+    def _generate_chunk(self, rows: list[list[int]], sampling: SamplingSettings) -> RolloutBatch:
+        prompt_ids, prompt_mask = left_pad(rows, self.pad_id)
+        greedy = sampling.temperature == 0
+        out = self.model.generate(
+            input_ids=prompt_ids.to(self.device),
+            attention_mask=prompt_mask.to(self.device),
+            do_sample=not greedy,
+            temperature=None if greedy else sampling.temperature,
+            top_p=None if greedy else sampling.top_p,
+            top_k=0,  # no top-k truncation: the model's generation_config may set one
+            repetition_penalty=1.0,  # nor a penalty: log-probs must be of the plain softmax
+            max_new_tokens=sampling.max_new_tokens,
+            eos_token_id=sorted(self.eos_ids),
+            pad_token_id=self.pad_id,
+            output_logits=True,
+            return_dict_in_generate=True,
+        )
+        response_ids = out.sequences[:, prompt_ids.shape[1] :].cpu()
+        logits = torch.stack(out.logits, dim=1).float().cpu()  # [B, R, V] raw logits
+        if not greedy:
+            logits = logits / sampling.temperature
+        log_probs = log_probs_from_logits(logits, response_ids)
+        mask = response_mask_after_eos(response_ids, self.eos_ids)
+        response_ids = torch.where(mask.bool(), response_ids, torch.full_like(response_ids, self.pad_id))
+        return RolloutBatch(prompt_ids, prompt_mask, response_ids, mask, log_probs * mask)
+
+    def sync_weights(self, step: int) -> float:
+        return 0.0  # the engine generates with the trained module itself
+
+
+def _concat(parts: list[RolloutBatch], pad_id: int) -> RolloutBatch:
+    """Concatenate chunks, re-padding prompts (left) and responses (right) to common widths."""
+    if len(parts) == 1:
+        return parts[0]
+    p = max(b.prompt_ids.shape[1] for b in parts)
+    r = max(b.response_ids.shape[1] for b in parts)
+
+    def pad(t: torch.Tensor, width: int, value: float, left: bool) -> torch.Tensor:
+        extra = width - t.shape[1]
+        return torch.nn.functional.pad(t, (extra, 0) if left else (0, extra), value=value)
+
+    return RolloutBatch(
+        torch.cat([pad(b.prompt_ids, p, pad_id, True) for b in parts]),
+        torch.cat([pad(b.prompt_mask, p, 0, True) for b in parts]),
+        torch.cat([pad(b.response_ids, r, pad_id, False) for b in parts]),
+        torch.cat([pad(b.response_mask, r, 0, False) for b in parts]),
+        torch.cat([pad(b.rollout_log_probs, r, 0.0, False) for b in parts]),
+    )

@@ -1,0 +1,190 @@
+"""The run directory: resolved config, environment, metrics, checkpoints, report.
+
+    RUN/config.yaml          resolved config; `lite-verl train --config RUN/config.yaml` re-runs it
+    RUN/env.json             package versions, devices, git commit, command line
+    RUN/metrics.jsonl        one JSON object per step (and per validation)
+    RUN/tb/                  TensorBoard events
+    RUN/checkpoints/step_N/  adapter, optimizer.pt, state.json (step, data position, RNG states)
+    RUN/summary.json         final numbers and the bill
+
+Every file is written atomically (temp file, fsync, rename); a checkpoint directory appears only
+when complete.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import random
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+import yaml
+
+from lite_verl.config import Config, to_dict
+
+
+def atomic_write_text(path: Path, text: str) -> None:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def default_run_dir(preset: str) -> Path:
+    return Path("runs") / f"{time.strftime('%Y%m%d-%H%M%S')}-{Path(preset).stem}"
+
+
+def _git_commit() -> str:
+    try:
+        out = subprocess.run(
+            ["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5, cwd=Path(__file__).parent
+        )
+        return out.stdout.strip() if out.returncode == 0 else ""
+    except (OSError, subprocess.SubprocessError):
+        return ""
+
+
+def environment() -> dict[str, Any]:
+    from importlib import metadata
+
+    from lite_verl.device import describe_devices
+
+    versions = {}
+    for pkg in ("lite-verl", "torch", "transformers", "peft", "tokenizers", "vllm", "bitsandbytes", "deepspeed"):
+        try:
+            versions[pkg] = metadata.version(pkg)
+        except metadata.PackageNotFoundError:
+            pass
+    return {
+        "python": sys.version.split()[0],
+        "platform": platform.platform(),
+        "packages": versions,
+        "devices": describe_devices(),
+        "git_commit": _git_commit(),
+        "argv": sys.argv,
+        "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+    }
+
+
+class RunDir:
+    def __init__(self, path: Path) -> None:
+        self.path = Path(path)
+
+    @property
+    def checkpoints(self) -> Path:
+        return self.path / "checkpoints"
+
+    def create(self, cfg: Config) -> None:
+        self.path.mkdir(parents=True, exist_ok=False)
+        self.write_config(cfg)
+        atomic_write_text(self.path / "env.json", json.dumps(environment(), indent=2))
+
+    def write_config(self, cfg: Config) -> None:
+        header = "# Resolved lite-verl config. Re-run: lite-verl train --config <this file>\n"
+        atomic_write_text(self.path / "config.yaml", header + yaml.safe_dump(to_dict(cfg), sort_keys=False))
+
+    # --- checkpoints -----------------------------------------------------------------------------
+    def latest_checkpoint(self) -> Path | None:
+        if not self.checkpoints.is_dir():
+            return None
+        done = sorted(p for p in self.checkpoints.glob("step_*") if (p / "state.json").is_file())
+        return done[-1] if done else None
+
+    def save_checkpoint(self, step: int, backend, state: dict[str, Any], keep: int) -> Path:
+        """Write into a temp dir, fsync, rename to step_N; then drop all but the last `keep`."""
+        final = self.checkpoints / f"step_{step:08d}"
+        self.checkpoints.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".step_{step:08d}.", dir=self.checkpoints))
+        try:
+            backend.save(tmp)
+            torch.save(rng_state(), tmp / "rng.pt")
+            atomic_write_text(tmp / "state.json", json.dumps({"step": step, **state}, indent=2))
+            if final.exists():
+                shutil.rmtree(final)
+            os.replace(tmp, final)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+        done = sorted(p for p in self.checkpoints.glob("step_*") if p.is_dir())
+        for old in done[:-keep]:
+            shutil.rmtree(old, ignore_errors=True)
+        return final
+
+
+def rng_state() -> dict[str, Any]:
+    import numpy as np
+
+    state: dict[str, Any] = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    import numpy as np
+
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+class MetricsLog:
+    """metrics.jsonl (+ TensorBoard). On resume, rows after the checkpoint's step are dropped."""
+
+    def __init__(self, run: Path, tensorboard: bool, resume_step: int | None = None) -> None:
+        self.file = run / "metrics.jsonl"
+        if resume_step is not None and self.file.exists():
+            kept = [
+                line
+                for line in self.file.read_text().splitlines()
+                if line.strip() and json.loads(line).get("step", 0) <= resume_step
+            ]
+            atomic_write_text(self.file, "".join(line + "\n" for line in kept))
+        self.tb = None
+        if tensorboard:
+            try:
+                from tensorboardX import SummaryWriter
+
+                self.tb = SummaryWriter(str(run / "tb"))
+            except ImportError:  # pragma: no cover - a core dependency
+                self.tb = None
+
+    def log(self, step: int, metrics: dict[str, float]) -> None:
+        row = {"step": step, **{k: (round(v, 6) if isinstance(v, float) else v) for k, v in metrics.items()}}
+        with self.file.open("a") as f:
+            f.write(json.dumps(row) + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+        if self.tb is not None:
+            for k, v in metrics.items():
+                if isinstance(v, (int, float)):
+                    self.tb.add_scalar(k, v, step)
+
+    def close(self) -> None:
+        if self.tb is not None:
+            self.tb.close()
+
+
+def read_metrics(run: Path) -> list[dict[str, Any]]:
+    f = Path(run) / "metrics.jsonl"
+    if not f.exists():
+        return []
+    return [json.loads(line) for line in f.read_text().splitlines() if line.strip()]

@@ -1,0 +1,124 @@
+"""LoRA training backend (peft) on a frozen base; the reference policy is the base with the adapter off.
+
+forward/backward/step are separate so that the update loop (loop.py) owns micro-batching and the loss.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import torch
+
+from lite_verl.algos import entropy_from_logits, log_probs_from_logits
+from lite_verl.batch import position_ids
+from lite_verl.config import TrainConfig
+from lite_verl.errors import ConfigError
+
+
+class LoraBackend:
+    def __init__(self, base: torch.nn.Module, cfg: TrainConfig, device: torch.device, seed: int) -> None:
+        from peft import LoraConfig, get_peft_model
+
+        self.device = device
+        names = {n.rsplit(".", 1)[-1] for n, _ in base.named_modules()}
+        missing = [m for m in cfg.target_modules if m not in names]
+        if missing:
+            raise ConfigError(
+                f"train.target_modules {missing} are not module names of this model; "
+                f"choose from e.g. {sorted(n for n in names if n.endswith('proj'))[:8]}"
+            )
+        lora = LoraConfig(
+            r=cfg.lora_rank,
+            lora_alpha=cfg.lora_alpha,
+            lora_dropout=cfg.lora_dropout,
+            target_modules=list(cfg.target_modules),
+            task_type="CAUSAL_LM",
+        )
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)  # LoRA A init
+            self.model = get_peft_model(base, lora)
+        if cfg.gradient_checkpointing:
+            self.model.gradient_checkpointing_enable()
+            self.model.enable_input_require_grads()
+        self.params = [p for p in self.model.parameters() if p.requires_grad]
+        self.optimizer = torch.optim.AdamW(self.params, lr=cfg.lr, weight_decay=cfg.weight_decay)
+        self.grad_clip = cfg.grad_clip
+
+    # --- forward -------------------------------------------------------------------------------
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor,
+        response_length: int,
+        temperature: float,
+        with_entropy: bool = False,
+        reference: bool = False,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Log-probs [N, R] of the response tokens (and entropy [N, R]) under logits / temperature.
+
+        reference=True runs the base with the adapter disabled (no grad).
+        """
+        input_ids = input_ids.to(self.device)
+        attention_mask = attention_mask.to(self.device)
+        if reference:
+            with torch.no_grad(), self.model.disable_adapter():
+                return self._log_probs(input_ids, attention_mask, response_length, temperature, with_entropy)
+        return self._log_probs(input_ids, attention_mask, response_length, temperature, with_entropy)
+
+    def _log_probs(self, input_ids, attention_mask, response_length, temperature, with_entropy):
+        out = self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids(attention_mask))
+        # logits at position t predict token t+1: the response tokens are predicted by [P-1, P+R-1)
+        logits = out.logits[:, -response_length - 1 : -1].float()
+        if temperature > 0:
+            logits = logits / temperature
+        targets = input_ids[:, -response_length:]
+        log_probs = log_probs_from_logits(logits, targets)
+        entropy = entropy_from_logits(logits) if with_entropy else None
+        return log_probs, entropy
+
+    # --- update --------------------------------------------------------------------------------
+    def zero_grad(self) -> None:
+        self.optimizer.zero_grad(set_to_none=True)
+
+    def backward(self, loss: torch.Tensor) -> None:
+        loss.backward()
+
+    def step(self) -> float:
+        """Clip, step. Returns the pre-clip global grad norm; skips the step when it is not finite."""
+        max_norm = self.grad_clip if self.grad_clip > 0 else math.inf
+        norm = float(torch.nn.utils.clip_grad_norm_(self.params, max_norm))
+        if math.isfinite(norm):
+            self.optimizer.step()
+        self.zero_grad()
+        return norm
+
+    def train_mode(self, on: bool = True) -> None:
+        self.model.train(on)
+
+    # --- checkpoints ---------------------------------------------------------------------------
+    def save(self, directory: Path) -> None:
+        """Adapter (peft format, loadable by PeftModel.from_pretrained) + optimizer state."""
+        self.model.save_pretrained(directory / "adapter")
+        torch.save(self.optimizer.state_dict(), directory / "optimizer.pt")
+
+    def load(self, directory: Path) -> None:
+        from peft import set_peft_model_state_dict
+        from safetensors.torch import load_file
+
+        weights = load_file(str(directory / "adapter" / "adapter_model.safetensors"))
+        result = set_peft_model_state_dict(self.model, weights)
+        unexpected = getattr(result, "unexpected_keys", [])
+        if unexpected:
+            raise ConfigError(f"checkpoint {directory} does not match train.* LoRA settings ({len(unexpected)} keys)")
+        self.optimizer.load_state_dict(torch.load(directory / "optimizer.pt", weights_only=True))
+
+    def trainable_summary(self) -> dict[str, int]:
+        trainable = sum(p.numel() for p in self.params)
+        total = sum(p.numel() for p in self.model.parameters())
+        return {"trainable_params": trainable, "total_params": total}
+
+
+def adapter_config(directory: Path) -> dict:
+    return json.loads((directory / "adapter" / "adapter_config.json").read_text())
