@@ -116,9 +116,8 @@ def agg_loss(
         return masked_sum(loss_mat, loss_mask, -1).sum() / n_seqs
     if loss_agg_mode == "seq-mean-token-mean":
         return (masked_sum(loss_mat, loss_mask, -1) / loss_mask.sum(-1).clamp(min=1)).sum() / n_seqs
-    if loss_agg_mode == "seq-mean-token-sum-norm":
-        scale = 1.0 if global_seqs is None else loss_mat.shape[0] / global_seqs
-        return masked_sum(loss_mat, loss_mask) / loss_mask.shape[-1] * scale
+    if loss_agg_mode == "seq-mean-token-sum-norm":  # no row count in it: micro-batches simply add up
+        return masked_sum(loss_mat, loss_mask) / loss_mask.shape[-1]
     raise ValueError(f"unknown loss_agg_mode {loss_agg_mode!r}; one of {LOSS_AGG_MODES}")
 
 

@@ -36,6 +36,8 @@ class TinySpec:
     num_kv_heads: int = 2
     intermediate_size: int = 256
     max_positions: int = 1024
+    init_std: float = 0.02  # initializer_range: with 0.02 the logits can barely move (see below)
+    tie_embeddings: bool = True
     seed: int = 0
 
 
@@ -78,7 +80,8 @@ def _model_config(spec: TinySpec, tokenizer):
         num_attention_heads=spec.num_heads,
         num_key_value_heads=spec.num_kv_heads,
         max_position_embeddings=spec.max_positions,
-        tie_word_embeddings=True,
+        tie_word_embeddings=spec.tie_embeddings,
+        initializer_range=spec.init_std,
         bos_token_id=tokenizer.convert_tokens_to_ids("<|endoftext|>"),
         eos_token_id=tokenizer.eos_token_id,
         pad_token_id=tokenizer.pad_token_id,
@@ -124,10 +127,10 @@ def cache_dir() -> Path:
     return Path(os.environ.get("LITE_VERL_CACHE", Path.home() / ".cache" / "lite-verl"))
 
 
-def resolve_tiny(path: str, seed: int = 0) -> Path:
+def resolve_tiny(path: str, **overrides) -> Path:
     """`tiny:qwen2` -> a cached model directory, built on first use."""
     arch = path.split(":", 1)[1] or "qwen2"
-    spec = TinySpec(arch=arch, seed=seed)
+    spec = TinySpec(arch=arch, **overrides)
     key = hashlib.sha256(json.dumps({**asdict(spec), "version": TINY_VERSION}).encode()).hexdigest()[:12]
     out = cache_dir() / "tiny" / f"{arch}-{key}"
     if not (out / "config.json").is_file():

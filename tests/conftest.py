@@ -1,0 +1,36 @@
+"""Shared fixtures. The tiny model is built once per session into a temp cache (no download)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+SHARED_GSM8K = REPO.parent / "shared" / "data" / "gsm8k"
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _offline_cache(tmp_path_factory):
+    os.environ["HF_HUB_OFFLINE"] = "1"
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    if "LITE_VERL_CACHE" not in os.environ:
+        os.environ["LITE_VERL_CACHE"] = str(tmp_path_factory.mktemp("cache"))
+    yield
+
+
+@pytest.fixture(scope="session")
+def tiny_dir(_offline_cache) -> Path:
+    from lite_verl.tiny import resolve_tiny
+
+    return resolve_tiny("tiny:qwen2")
+
+
+def has_cuda() -> bool:
+    try:
+        import torch
+
+        return torch.cuda.is_available()
+    except ImportError:  # pragma: no cover
+        return False

@@ -1,0 +1,129 @@
+"""Config layers, type checks, error messages, and every preset."""
+
+from __future__ import annotations
+
+import pytest
+
+from lite_verl.config import all_keys, load_config, parse_override
+from lite_verl.errors import ConfigError
+from lite_verl.preset_files import preset_names
+
+GPU_PRESETS = ["4090x1", "4090x4", "3090x2", "a10x4"]
+
+
+def test_laptop_defaults_and_layers(tmp_path):
+    user = tmp_path / "my.yaml"
+    user.write_text("trainer:\n  total_steps: 7\n  batch_size: 4\nrollout:\n  n: 4\n")
+    cfg = load_config("laptop", str(user), ["trainer.total_steps=9", "train.lr=1e-3", "train.gpus=[]"])
+    assert cfg.trainer.total_steps == 9  # --set wins over the file
+    assert cfg.trainer.batch_size == 4  # the file wins over defaults
+    assert cfg.train.lr == 1e-3  # YAML 1.1 reads 1e-3 as a string; accepted as float
+    assert cfg.rollout.engine == "hf" and cfg.train.gpus == ()
+    assert cfg.preset == "laptop"
+
+
+def test_required_keys_exist():
+    keys = set(all_keys())
+    for k in ["model.path", "data.train_files", "data.val_files", "trainer.total_steps", "trainer.seed"]:
+        assert k in keys
+
+
+def test_unknown_key_names_nearest():
+    with pytest.raises(ConfigError, match="unknown config key 'trainer.total_step'.*trainer.total_steps"):
+        load_config("laptop", None, ["trainer.total_step=3"])
+    with pytest.raises(ConfigError, match="did you mean 'train.lr'"):
+        parse_override("lr=3")
+
+
+def test_unknown_key_in_file(tmp_path):
+    f = tmp_path / "c.yaml"
+    f.write_text("rollout:\n  temprature: 0.7\n")
+    with pytest.raises(ConfigError, match="rollout.temprature.*rollout.temperature"):
+        load_config("laptop", str(f))
+
+
+@pytest.mark.parametrize(
+    "override, pattern",
+    [
+        ("trainer.total_steps=abc", "trainer.total_steps must be a int"),
+        ("trainer.total_steps=1.5", "trainer.total_steps must be a int"),
+        ("trainer.tensorboard=3", "trainer.tensorboard must be a bool"),
+        ("train.gpus=[a]", r"train.gpus\[0\] must be a int"),
+        ("trainer.batch_size=0", "trainer.batch_size=0 must be > 0"),
+        ("rollout.top_p=1.5", r"rollout.top_p=1.5 must be in \(0, 1\]"),
+        ("rollout.n=1", "rollout.n >= 2"),
+        ("algorithm.loss_agg_mode=token_mean", "did you mean 'token-mean'"),
+        ("algorithm.ppo_mini_batch_size=5", "must divide trainer.batch_size"),
+        ("train.gpus=[0]", "rollout.gpus .* must equal train.gpus"),
+        ("reward.function=nocolon", "module:function"),
+    ],
+)
+def test_bad_values_name_the_field(override, pattern):
+    with pytest.raises(ConfigError, match=pattern):
+        load_config("laptop", None, [override])
+
+
+def test_unknown_preset():
+    with pytest.raises(ConfigError, match="unknown preset 'lapto'; did you mean 'laptop'"):
+        load_config("lapto")
+
+
+def test_every_preset_has_a_header_and_price():
+    from lite_verl.preset_files import preset_path
+
+    assert set(GPU_PRESETS + ["laptop"]) <= set(preset_names())
+    for name in preset_names():
+        text = preset_path(name).read_text()
+        assert text.startswith(f"# lite-verl preset: {name}")
+        assert "# Launch:" in text and "# Assumes:" in text
+        assert "price_per_hour" in text
+
+
+@pytest.mark.parametrize("name", GPU_PRESETS)
+def test_gpu_presets_fail_clearly_until_their_backend_exists(name):
+    with pytest.raises(ConfigError, match=r"rollout.engine=vllm: vLLM rollout is not built yet.*--set"):
+        load_config(name)
+
+
+def test_gpu_preset_geometry_is_valid_apart_from_unbuilt_parts():
+    # with the built engine swapped in, the placement/cost parts of each preset validate
+    cfg = load_config("4090x1", None, ["rollout.engine=hf", "rollout.quantization=none"])
+    assert cfg.rollout.gpus == cfg.train.gpus == (0,)
+    with pytest.raises(ConfigError, match="rollout.engine=hf generates with the trained model"):
+        load_config("4090x4", None, ["rollout.engine=hf", "rollout.quantization=none"])
+
+
+def test_presets_do_not_change_the_maths():
+    """Rule 7: a preset sets where/how, never batch sizes, losses or seeds."""
+    from lite_verl.config import read_yaml
+    from lite_verl.preset_files import preset_path
+
+    for name in preset_names():
+        data = read_yaml(preset_path(name), name)
+        assert "algorithm" not in data and "data" not in data
+        assert not ({"batch_size", "seed", "total_steps"} & set(data.get("trainer", {})))
+
+
+def test_placement_checks():
+    from lite_verl.config import from_dict
+
+    base = {"rollout": {"engine": "vllm", "gpus": [0, 1], "quantization": "none"},
+            "train": {"gpus": [1, 2]}, "cost": {"gpu_models": ["A10"] * 3, "price_per_hour": {"A10": 1.0}}}
+    with pytest.raises(ConfigError, match=r"rollout.gpus \[0, 1\] overlaps train.gpus \[1, 2\]"):
+        from_dict(base).validate()
+    with pytest.raises(ConfigError, match="negative GPU id"):
+        from_dict({"train": {"gpus": [-1]}, "rollout": {"gpus": [-1]}}).validate()
+    with pytest.raises(ConfigError, match="cost.gpu_models lists only 0"):
+        from_dict({"train": {"gpus": [0]}, "rollout": {"gpus": [0]}}).validate()
+
+
+def test_environment_check_rejects_missing_gpus():
+    from conftest import has_cuda
+
+    from lite_verl.validation import check_environment
+
+    if has_cuda():
+        pytest.skip("this machine has a GPU")
+    cfg = load_config("4090x1", None, ["rollout.engine=hf", "rollout.quantization=none"])
+    with pytest.raises(ConfigError, match=r"GPU id\(s\) \[0\] but this machine has no CUDA GPU"):
+        check_environment(cfg)

@@ -1,0 +1,125 @@
+"""Data schema, built-in tasks, GSM8K conversion, the sampler, and rewards."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from conftest import SHARED_GSM8K
+from lite_verl.data.loader import PromptSampler
+from lite_verl.data.schema import load_rows, parse_row
+from lite_verl.data.tasks import echo_rows, task_rows
+from lite_verl.errors import DataError, RewardError
+from lite_verl.rewards import default_compute_score, echo_score, gsm8k_extract, load_reward_function, score_batch
+
+ROW = {"prompt": [{"role": "user", "content": "1+1?"}], "data_source": "openai/gsm8k",
+       "reward_model": {"style": "rule", "ground_truth": "2"}, "extra_info": {"i": 0}}
+
+
+def test_parse_row_and_errors():
+    row = parse_row(ROW, "f:1")
+    assert row.messages[0]["content"] == "1+1?" and row.ground_truth == "2"
+    with pytest.raises(DataError, match="f:1: missing field 'prompt'"):
+        parse_row({"data_source": "x"}, "f:1")
+    with pytest.raises(DataError, match=r"prompt\[0\] must be an object"):
+        parse_row({**ROW, "prompt": [{"role": "user"}]}, "f:1")
+    with pytest.raises(DataError, match="missing field 'reward_model.ground_truth'"):
+        parse_row({**ROW, "reward_model": {"style": "rule"}}, "f:1")
+    with pytest.raises(DataError, match="missing field 'data_source'"):
+        parse_row({**ROW, "data_source": ""}, "f:1")
+
+
+def test_jsonl_and_parquet(tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    j = tmp_path / "d.jsonl"
+    j.write_text(json.dumps(ROW) + "\n\n" + json.dumps(ROW) + "\n")
+    assert len(load_rows([str(j)])) == 2
+    p = tmp_path / "d.parquet"
+    pq.write_table(pa.Table.from_pylist([ROW, ROW, ROW]), p)
+    rows = load_rows([str(p)])
+    assert len(rows) == 3 and rows[0].messages[0]["role"] == "user"
+
+
+def test_load_errors(tmp_path):
+    with pytest.raises(DataError, match="does not exist"):
+        load_rows([str(tmp_path / "nope.jsonl")])
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text(json.dumps(ROW) + "\n{not json\n")
+    with pytest.raises(DataError, match=r"bad.jsonl:2: not valid JSON"):
+        load_rows([str(bad)])
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("")
+    with pytest.raises(DataError, match="holds no rows"):
+        load_rows([str(empty)])
+
+
+def test_tasks_are_deterministic_and_val_is_held_out():
+    assert [r.ground_truth for r in echo_rows(50, 3)] == [r.ground_truth for r in echo_rows(50, 3)]
+    train = task_rows("arithmetic", 200, 0, "train")
+    val = task_rows("arithmetic", 200, 0, "val")
+    assert {r.messages[0]["content"] for r in train} != {r.messages[0]["content"] for r in val}
+    for row in train[:50]:  # each built-in solution earns the full GSM8K reward
+        assert default_compute_score(row.data_source, row.extra_info["answer"], row.ground_truth) == 1.0
+
+
+def test_sampler_resumes_in_the_same_order():
+    full = PromptSampler(10, 4, seed=5, shuffle=True)
+    batches = [full.next_batch() for _ in range(6)]  # crosses epoch boundaries
+    resumed = PromptSampler(10, 4, seed=5, shuffle=True, consumed=12)
+    assert [resumed.next_batch() for _ in range(3)] == batches[3:]
+    assert sorted(batches[0] + batches[1] + batches[2][:2]) == list(range(10))  # an epoch is a permutation
+
+
+def test_gsm8k_rule():
+    assert gsm8k_extract("so 3 + 4 = 7\n#### 7") == "7"
+    assert gsm8k_extract("#### 1,234 then #### 12") == "12"
+    assert default_compute_score("openai/gsm8k", "#### 1,234", "1234") == 1.0
+    assert default_compute_score("openai/gsm8k", "#### 5", "7") == 0.0
+    assert default_compute_score("openai/gsm8k", "the answer is 7", "7") == 0.0
+
+
+def test_echo_rule():
+    assert echo_score("cccccccc", "c") == 1.0
+    assert echo_score("c c c c", "c") == 0.5
+    assert echo_score("abcdabcdcc", "c") == 2 / 8
+
+
+def test_user_reward_function(tmp_path):
+    f = tmp_path / "myreward.py"
+    f.write_text(
+        "def length(data_source, solution_str, ground_truth, extra_info=None):\n    return len(solution_str) / 10\n"
+        "def broken(*a):\n    raise ValueError('boom')\n"
+        "def nan(*a):\n    return float('nan')\n"
+        "def as_dict(*a):\n    return {'score': 1.0, 'acc': True}\n"
+    )
+    fn = load_reward_function(f"{f}:length")
+    assert score_batch(fn, ["x"], ["abcde"], ["g"], [{}]) == [0.5]
+    assert score_batch(load_reward_function(f"{f}:as_dict"), ["x"], ["a"], ["g"], [{}]) == [1.0]
+    with pytest.raises(RewardError, match="raised ValueError: boom on sample 0"):
+        score_batch(load_reward_function(f"{f}:broken"), ["x"], ["a"], ["g"], [{}])
+    with pytest.raises(RewardError, match="returned nan on sample 0"):
+        score_batch(load_reward_function(f"{f}:nan"), ["x"], ["a"], ["g"], [{}])
+    with pytest.raises(RewardError, match="has no function 'missing'"):
+        load_reward_function(f"{f}:missing")
+    with pytest.raises(RewardError, match="cannot import 'no_such_module_xyz'"):
+        load_reward_function("no_such_module_xyz:f")
+
+
+def test_unknown_data_source_needs_a_function():
+    with pytest.raises(RewardError, match="no rule reward for data_source 'mine'"):
+        default_compute_score("mine", "x", "y")
+
+
+@pytest.mark.skipif(not (SHARED_GSM8K / "test.jsonl").is_file(), reason="../shared/data/gsm8k is not beside this checkout")
+def test_convert_real_gsm8k(tmp_path):
+    from lite_verl.data.gsm8k import convert_gsm8k
+
+    n = convert_gsm8k(SHARED_GSM8K / "test.jsonl", tmp_path / "gsm8k_test.jsonl")
+    rows = load_rows([str(tmp_path / "gsm8k_test.jsonl")])
+    assert n == len(rows) == 1319
+    assert rows[0].data_source == "openai/gsm8k" and '"####"' in rows[0].messages[0]["content"]
+    # the reference solution earns reward 1 under the rule
+    assert all(default_compute_score(r.data_source, r.extra_info["answer"], r.ground_truth) == 1.0 for r in rows)
