@@ -51,7 +51,7 @@ class RolloutConfig:
     n: int = 8  # responses sampled per prompt (the GRPO group size)
     temperature: float = 1.0  # sampling temperature; the trainer divides logits by it too
     top_p: float = 1.0  # nucleus sampling
-    max_new_tokens: int = 32  # response length limit in tokens
+    max_new_tokens: int = 16  # response length limit in tokens
     gpus: tuple[int, ...] = ()  # local GPU ids for rollout; empty = CPU
     gpu_memory_utilization: float = 0.5  # vLLM: fraction of each rollout GPU it may take
     quantization: str = "none"  # none | awq: weights the rollout engine serves
@@ -61,7 +61,7 @@ class RolloutConfig:
 class TrainConfig:
     backend: str = "lora"  # lora | qlora | fsdp | deepspeed
     gpus: tuple[int, ...] = ()  # local GPU ids for training; empty = CPU
-    lr: float = 1e-4  # AdamW learning rate (constant)
+    lr: float = 3e-3  # AdamW learning rate (constant); right for tiny models; ~1e-5..5e-5 for real 1B+ LoRA
     weight_decay: float = 0.0  # AdamW weight decay
     grad_clip: float = 1.0  # max global grad norm; <= 0 disables clipping
     micro_batch_size: int = 8  # sequences per forward/backward; a memory knob, never changes the maths
@@ -76,7 +76,7 @@ class TrainConfig:
 class AlgorithmConfig:
     adv_estimator: str = "grpo"  # grpo | dr_grpo (more in the algorithms issue)
     norm_adv_by_std_in_grpo: bool = True  # GRPO: divide by the group std (False = Dr. GRPO)
-    use_kl_loss: bool = False  # add beta * KL(policy || reference) to the loss
+    use_kl_loss: bool = True  # add beta * KL(policy || reference) to the loss (verl's GRPO recipe)
     kl_loss_coef: float = 0.001  # beta
     kl_loss_type: str = "low_var_kl"  # kl (k1) | abs | mse (k2) | low_var_kl (k3)
     clip_ratio_low: float = 0.2  # PPO clip: ratio >= 1 - clip_ratio_low
@@ -101,7 +101,7 @@ class SyncConfig:
 
 @dataclass(frozen=True)
 class TrainerConfig:
-    total_steps: int = 60  # rollout + update steps
+    total_steps: int = 100  # rollout + update steps
     batch_size: int = 16  # prompts per step, global: the same on every machine
     seed: int = 0  # seeds data order, built-in task, sampling and init
     save_every: int = 0  # checkpoint every N steps (0 = only at the end)

@@ -42,9 +42,8 @@ def gsm8k_score(solution_str: str, ground_truth: str, format_score: float = 0.0,
 
 
 def echo_score(solution_str: str, ground_truth: str) -> float:
-    """Share of the first ECHO_LEN non-space characters that are the requested letter."""
-    chars = [c for c in solution_str if not c.isspace()][:ECHO_LEN]
-    return sum(c == ground_truth for c in chars) / ECHO_LEN
+    """Occurrences of the requested letter anywhere in the response, capped at ECHO_LEN, over ECHO_LEN."""
+    return min(solution_str.count(ground_truth), ECHO_LEN) / ECHO_LEN
 
 
 def default_compute_score(

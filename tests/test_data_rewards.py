@@ -84,7 +84,8 @@ def test_gsm8k_rule():
 def test_echo_rule():
     assert echo_score("cccccccc", "c") == 1.0
     assert echo_score("c c c c", "c") == 0.5
-    assert echo_score("abcdabcdcc", "c") == 2 / 8
+    assert echo_score("xx ccccccccccc", "c") == 1.0
+    assert echo_score("abcdabcdcc", "c") == 4 / 8
 
 
 def test_user_reward_function(tmp_path):

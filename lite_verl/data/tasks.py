@@ -1,7 +1,7 @@
 """Built-in tasks, generated locally from a seed (no download), in verl's row schema.
 
-* `echo`: "Repeat the letter c." The reward is the share of the first ECHO_LEN characters of the
-  answer that are that letter, so it is graded (0..1) and a random-init tiny model can climb it by RL
+* `echo`: "Repeat the letter c." The reward is how often the answer holds that letter, capped at
+  ECHO_LEN and divided by it, so it is graded (0..1) and a random-init tiny model can climb it by RL
   in minutes on a CPU: first by learning which letters pay, then which letter the prompt asks for.
 * `arithmetic`: GSM8K-style word problems with one or two operations on small numbers; the answer is
   checked exactly like GSM8K's (`#### n`, the last one in the response). A step towards GSM8K for
