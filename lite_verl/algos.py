@@ -153,11 +153,15 @@ def compute_policy_loss(
     pg_clipfrac = masked_mean(torch.gt(losses2, losses1).float(), response_mask)
     losses3 = -advantages * clip_ratio_c
     dual = torch.minimum(losses3, clipped)
-    pg_clipfrac_lower = masked_mean(torch.gt(clipped, losses3).float() * (advantages < 0).float(), response_mask)
+    pg_clipfrac_lower = masked_mean(
+        torch.gt(clipped, losses3).float() * (advantages < 0).float(), response_mask
+    )
     pg_losses = torch.where(advantages < 0, dual, clipped)
     if rollout_is_weights is not None:
         pg_losses = pg_losses * rollout_is_weights
-    loss = agg_loss(pg_losses, response_mask, loss_agg_mode, global_tokens=global_tokens, global_seqs=global_seqs)
+    loss = agg_loss(
+        pg_losses, response_mask, loss_agg_mode, global_tokens=global_tokens, global_seqs=global_seqs
+    )
     metrics = {
         "pg_clipfrac": pg_clipfrac.detach(),
         "pg_clipfrac_lower": pg_clipfrac_lower.detach(),

@@ -24,10 +24,16 @@ EPILOG = "Docs: README.md. Config keys: `lite-verl validate --keys`. Presets: `l
 
 
 def _add_config_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--preset", help="hardware preset: a name in presets/ (e.g. laptop, 4090x1) or a YAML path")
+    p.add_argument(
+        "--preset", help="hardware preset: a name in presets/ (e.g. laptop, 4090x1) or a YAML path"
+    )
     p.add_argument("--config", help="your YAML config; layered over the preset")
     p.add_argument(
-        "--set", dest="sets", action="append", default=[], metavar="KEY=VALUE",
+        "--set",
+        dest="sets",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
         help="override one key, e.g. --set trainer.total_steps=10 (repeatable; values parsed as YAML)",
     )
 
@@ -42,28 +48,44 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"lite-verl {_version()}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
 
-    p = sub.add_parser("train", help="run RL training", description="Run RL training (rollout -> reward -> "
-                       "advantage -> update -> sync), writing a run directory.", epilog=EPILOG)
+    p = sub.add_parser(
+        "train",
+        help="run RL training",
+        description="Run RL training (rollout -> reward -> "
+        "advantage -> update -> sync), writing a run directory.",
+        epilog=EPILOG,
+    )
     _add_config_args(p)
     p.add_argument("--run-dir", help="where to write the run (default runs/<time>-<preset>)")
     p.add_argument("--resume", metavar="RUN_DIR", help="continue RUN_DIR from its last checkpoint")
 
-    p = sub.add_parser("validate", help="check a config and print it resolved",
-                       description="Resolve defaults < preset < --config < --set, check it, print it as YAML.")
+    p = sub.add_parser(
+        "validate",
+        help="check a config and print it resolved",
+        description="Resolve defaults < preset < --config < --set, check it, print it as YAML.",
+    )
     _add_config_args(p)
     p.add_argument("--keys", action="store_true", help="list every config key with its meaning")
-    p.add_argument("--no-env-check", action="store_true", help="skip the checks of this machine (GPUs, packages)")
+    p.add_argument(
+        "--no-env-check", action="store_true", help="skip the checks of this machine (GPUs, packages)"
+    )
 
     sub.add_parser("presets", help="list the hardware presets")
 
-    p = sub.add_parser("make-tiny-model", help="write a random-init tiny model + tokenizer",
-                       description="Write a random-init Qwen2/Llama model and a tokenizer trained locally.")
+    p = sub.add_parser(
+        "make-tiny-model",
+        help="write a random-init tiny model + tokenizer",
+        description="Write a random-init Qwen2/Llama model and a tokenizer trained locally.",
+    )
     p.add_argument("dir", help="output directory")
     p.add_argument("--arch", default="qwen2", choices=["qwen2", "llama"])
     p.add_argument("--seed", type=int, default=0)
 
-    p = sub.add_parser("prepare-gsm8k", help="convert GSM8K jsonl to verl's prompt schema",
-                       description="Convert GSM8K's {question, answer} jsonl into verl's prompt rows.")
+    p = sub.add_parser(
+        "prepare-gsm8k",
+        help="convert GSM8K jsonl to verl's prompt schema",
+        description="Convert GSM8K's {question, answer} jsonl into verl's prompt rows.",
+    )
     p.add_argument("src", help="GSM8K train.jsonl or test.jsonl")
     p.add_argument("dst", help="output .jsonl")
     return parser
@@ -95,7 +117,9 @@ def cmd_train(args: argparse.Namespace) -> int:
 
     if args.resume:
         if args.config or args.run_dir:
-            raise UserError("--resume takes its config and run directory from RUN_DIR; drop --config/--run-dir")
+            raise UserError(
+                "--resume takes its config and run directory from RUN_DIR; drop --config/--run-dir"
+            )
         cfg = load_run_config(Path(args.resume), args.sets)
         check_environment(cfg)
         run = RunDir(Path(args.resume))
@@ -107,7 +131,9 @@ def cmd_train(args: argparse.Namespace) -> int:
     check_environment(cfg)
     path = Path(args.run_dir) if args.run_dir else default_run_dir(cfg.preset)
     if path.exists() and any(path.iterdir()):
-        raise UserError(f"--run-dir {path} already exists and is not empty; pick another or use --resume {path}")
+        raise UserError(
+            f"--run-dir {path} already exists and is not empty; pick another or use --resume {path}"
+        )
     session = prepare(cfg)  # everything that can fail on bad input fails here, before the run dir exists
     run = RunDir(path)
     run.create(cfg)

@@ -29,7 +29,9 @@ from lite_verl.errors import ConfigError
 
 @dataclass(frozen=True)
 class ModelConfig:
-    path: str = "tiny:qwen2"  # HF causal-LM directory, or tiny:qwen2 / tiny:llama (random-init, made on the spot)
+    path: str = (
+        "tiny:qwen2"  # HF causal-LM directory, or tiny:qwen2 / tiny:llama (random-init, made on the spot)
+    )
     dtype: str = "float32"  # float32 | bfloat16 | float16: weights and compute of the trained model
     trust_remote_code: bool = False  # passed to from_pretrained for models with custom code
 
@@ -68,7 +70,15 @@ class TrainConfig:
     lora_rank: int = 16  # LoRA rank r
     lora_alpha: int = 32  # LoRA alpha (scale = alpha / r)
     lora_dropout: float = 0.0  # LoRA dropout
-    target_modules: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")  # LoRA targets
+    target_modules: tuple[str, ...] = (
+        "q_proj",
+        "k_proj",
+        "v_proj",
+        "o_proj",
+        "gate_proj",
+        "up_proj",
+        "down_proj",
+    )  # LoRA targets
     gradient_checkpointing: bool = False  # trade compute for activation memory
 
 
@@ -82,7 +92,9 @@ class AlgorithmConfig:
     clip_ratio_low: float = 0.2  # PPO clip: ratio >= 1 - clip_ratio_low
     clip_ratio_high: float = 0.2  # PPO clip: ratio <= 1 + clip_ratio_high (DAPO clip-higher when larger)
     clip_ratio_c: float = 3.0  # dual clip for negative advantages (> 1)
-    loss_agg_mode: str = "token-mean"  # token-mean | seq-mean-token-sum | seq-mean-token-mean | seq-mean-token-sum-norm
+    loss_agg_mode: str = (
+        "token-mean"  # token-mean | seq-mean-token-sum | seq-mean-token-mean | seq-mean-token-sum-norm
+    )
     entropy_coeff: float = 0.0  # entropy bonus coefficient (loss -= coeff * entropy)
     ppo_epochs: int = 1  # passes over each rollout batch
     ppo_mini_batch_size: int = 0  # prompts per optimizer step; 0 = the whole batch (one step per rollout)
@@ -178,10 +190,16 @@ def _type_name(tp: Any) -> str:
 
 def _coerce(key: str, value: Any, tp: Any) -> Any:
     """Check `value` against the field type `tp`; return it in the dataclass's representation."""
-    bad = ConfigError(f"{key} must be a {_type_name(tp)}, got {value!r} ({type(value).__name__}); fix it in the config")
+    bad = ConfigError(
+        f"{key} must be a {_type_name(tp)}, got {value!r} ({type(value).__name__}); fix it in the config"
+    )
     origin = typing.get_origin(tp)
     if origin is tuple:
-        if isinstance(value, (str, int, float)) and not isinstance(value, bool) and typing.get_args(tp)[0] is not str:
+        if (
+            isinstance(value, (str, int, float))
+            and not isinstance(value, bool)
+            and typing.get_args(tp)[0] is not str
+        ):
             value = [value]  # `--set train.gpus=0` means [0]
         if isinstance(value, str):
             value = [value]

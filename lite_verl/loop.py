@@ -71,7 +71,9 @@ def step_seed(seed: int, step: int) -> int:
     return (seed * 1_000_003 + step * 7919) % (2**31)
 
 
-def score(session: Session, rows_idx: list[int], prompts: PromptSet, texts: list[str], n: int) -> torch.Tensor:
+def score(
+    session: Session, rows_idx: list[int], prompts: PromptSet, texts: list[str], n: int
+) -> torch.Tensor:
     rows = [prompts.rows[i] for i in rows_idx for _ in range(n)]
     name = session.cfg.reward.function or "the rule reward"
     values = score_batch(
@@ -92,7 +94,9 @@ def validate(session: Session, step: int) -> dict[str, float]:
         return {}
     sampling = SamplingSettings(n=1, temperature=0.0, max_new_tokens=session.cfg.rollout.max_new_tokens)
     rollout = session.engine.generate(val.token_ids, sampling, seed=step_seed(session.cfg.trainer.seed, -1))
-    texts = session.tokenizer.batch_decode(rollout.response_ids * rollout.response_mask, skip_special_tokens=True)
+    texts = session.tokenizer.batch_decode(
+        rollout.response_ids * rollout.response_mask, skip_special_tokens=True
+    )
     scores = score(session, list(range(len(val))), val, texts, 1)
     return {"val/reward_mean": float(scores.mean())}
 
@@ -101,14 +105,20 @@ def train_step(session: Session, sampler: PromptSampler, step: int, ledger: Ledg
     cfg, r = session.cfg, session.cfg.rollout
     t0 = time.perf_counter()
     rows_idx = sampler.next_batch()
-    sampling = SamplingSettings(n=r.n, temperature=r.temperature, top_p=r.top_p, max_new_tokens=r.max_new_tokens)
+    sampling = SamplingSettings(
+        n=r.n, temperature=r.temperature, top_p=r.top_p, max_new_tokens=r.max_new_tokens
+    )
     with ledger.busy_on("rollout"):
         rollout = session.engine.generate(
-            [session.train_set.token_ids[i] for i in rows_idx], sampling, seed=step_seed(cfg.trainer.seed, step)
+            [session.train_set.token_ids[i] for i in rows_idx],
+            sampling,
+            seed=step_seed(cfg.trainer.seed, step),
         )
     t1 = time.perf_counter()
     with ledger.busy_on("reward"):
-        texts = session.tokenizer.batch_decode(rollout.response_ids * rollout.response_mask, skip_special_tokens=True)
+        texts = session.tokenizer.batch_decode(
+            rollout.response_ids * rollout.response_mask, skip_special_tokens=True
+        )
         scores = score(session, rows_idx, session.train_set, texts, r.n)
     t2 = time.perf_counter()
     group_ids = [i for i in range(len(rows_idx)) for _ in range(r.n)]
@@ -171,7 +181,9 @@ def run_training(session: Session, run: RunDir, resume: bool = False) -> dict[st
             metrics = train_step(session, sampler, step, ledger)
             skipped = skipped + 1 if metrics.get("actor/skipped_step") else 0
             if skipped:
-                warnings.warn(f"step {step}: non-finite loss or gradient; the update was skipped", stacklevel=1)
+                warnings.warn(
+                    f"step {step}: non-finite loss or gradient; the update was skipped", stacklevel=1
+                )
             if skipped >= MAX_SKIPPED_STEPS:
                 raise TrainingDiverged(
                     f"{skipped} steps in a row had a non-finite loss; lower train.lr or check the reward scale"
@@ -220,5 +232,7 @@ def load_run_config(run_dir: Path, overrides: list[str]) -> Config:
 
     cfg_file = Path(run_dir) / "config.yaml"
     if not cfg_file.is_file():
-        raise UserError(f"--resume {run_dir}: no config.yaml there; give a run directory made by lite-verl train")
+        raise UserError(
+            f"--resume {run_dir}: no config.yaml there; give a run directory made by lite-verl train"
+        )
     return load_config(None, str(cfg_file), overrides)

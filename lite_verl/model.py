@@ -31,7 +31,9 @@ def resolve_model_path(cfg: ModelConfig) -> Path:
         )
     config_file = path / "config.json"
     if not config_file.is_file():
-        raise ModelError(f"model.path={cfg.path!r} has no config.json; it is not a Hugging Face model directory")
+        raise ModelError(
+            f"model.path={cfg.path!r} has no config.json; it is not a Hugging Face model directory"
+        )
     return path
 
 
@@ -58,7 +60,9 @@ def load_tokenizer(path: Path, trust_remote_code: bool = False):
     try:
         tok = AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)
     except (OSError, ValueError) as e:
-        raise ModelError(f"model.path={str(path)!r}: cannot load its tokenizer ({e.__class__.__name__})") from None
+        raise ModelError(
+            f"model.path={str(path)!r}: cannot load its tokenizer ({e.__class__.__name__})"
+        ) from None
     if tok.pad_token_id is None:
         tok.pad_token = tok.eos_token
     tok.padding_side = "left"

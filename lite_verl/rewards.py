@@ -83,7 +83,7 @@ def load_reward_function(spec: str) -> RewardFn:
     fn = getattr(module, name, None)
     if not callable(fn):
         raise RewardError(f"reward.function: {target!r} has no function {name!r}")
-    return fn  # type: ignore[no-any-return]
+    return fn
 
 
 def score_batch(
@@ -102,7 +102,9 @@ def score_batch(
         except RewardError:
             raise
         except Exception as e:  # noqa: BLE001
-            raise RewardError(f"{name} raised {type(e).__name__}: {e} on sample {i} (data_source {src!r})") from None
+            raise RewardError(
+                f"{name} raised {type(e).__name__}: {e} on sample {i} (data_source {src!r})"
+            ) from None
         if isinstance(value, dict):
             value = value.get("score")
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):

@@ -13,6 +13,7 @@ when complete.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import platform
@@ -66,11 +67,18 @@ def environment() -> dict[str, Any]:
     from lite_verl.device import describe_devices
 
     versions = {}
-    for pkg in ("lite-verl", "torch", "transformers", "peft", "tokenizers", "vllm", "bitsandbytes", "deepspeed"):
-        try:
+    for pkg in (
+        "lite-verl",
+        "torch",
+        "transformers",
+        "peft",
+        "tokenizers",
+        "vllm",
+        "bitsandbytes",
+        "deepspeed",
+    ):
+        with contextlib.suppress(metadata.PackageNotFoundError):
             versions[pkg] = metadata.version(pkg)
-        except metadata.PackageNotFoundError:
-            pass
     return {
         "python": sys.version.split()[0],
         "platform": platform.platform(),
@@ -84,7 +92,7 @@ def environment() -> dict[str, Any]:
 
 class RunDir:
     def __init__(self, path: Path) -> None:
-        self.path = Path(path)
+        self.path = Path(path).absolute()
 
     @property
     def checkpoints(self) -> Path:
@@ -130,7 +138,11 @@ class RunDir:
 def rng_state() -> dict[str, Any]:
     import numpy as np
 
-    state: dict[str, Any] = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
+    state: dict[str, Any] = {
+        "python": random.getstate(),
+        "numpy": np.random.get_state(),
+        "torch": torch.get_rng_state(),
+    }
     if torch.cuda.is_available():
         state["cuda"] = torch.cuda.get_rng_state_all()
     return state

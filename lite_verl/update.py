@@ -30,18 +30,24 @@ def compute_advantages(
     rewards = token_level_rewards(scores, response_mask)
     if cfg.adv_estimator in ("grpo", "dr_grpo"):
         norm = cfg.norm_adv_by_std_in_grpo and cfg.adv_estimator == "grpo"
-        adv, _ = algos.compute_grpo_outcome_advantage(rewards, response_mask, group_ids, norm_adv_by_std_in_grpo=norm)
+        adv, _ = algos.compute_grpo_outcome_advantage(
+            rewards, response_mask, group_ids, norm_adv_by_std_in_grpo=norm
+        )
         return adv
     raise ValueError(f"unknown adv_estimator {cfg.adv_estimator!r}")  # validation stops this earlier
 
 
-def batched_log_probs(backend, rollout: RolloutBatch, micro: int, temperature: float, reference: bool) -> torch.Tensor:
+def batched_log_probs(
+    backend, rollout: RolloutBatch, micro: int, temperature: float, reference: bool
+) -> torch.Tensor:
     """Log-probs [N, R] of the rollout's responses, no grad, in micro-batches."""
     ids, mask, r = rollout.input_ids, rollout.attention_mask, rollout.response_ids.shape[1]
     outs = []
     with torch.no_grad():
         for s in range(0, ids.shape[0], micro):
-            lp, _ = backend.forward(ids[s : s + micro], mask[s : s + micro], r, temperature, reference=reference)
+            lp, _ = backend.forward(
+                ids[s : s + micro], mask[s : s + micro], r, temperature, reference=reference
+            )
             outs.append(lp.float().cpu())
     return torch.cat(outs) * rollout.response_mask
 
@@ -90,7 +96,9 @@ def ppo_update(
     return {k: v / steps for k, v in sums.items()}
 
 
-def _mini_batch_step(backend, mb: Experience, cfg: AlgorithmConfig, micro: int, temperature: float) -> dict[str, float]:
+def _mini_batch_step(
+    backend, mb: Experience, cfg: AlgorithmConfig, micro: int, temperature: float
+) -> dict[str, float]:
     tokens = float(mb.response_mask.sum())
     seqs = float(mb.num_rows)
     norm = {"global_tokens": max(tokens, 1.0), "global_seqs": seqs}
@@ -105,7 +113,14 @@ def _mini_batch_step(backend, mb: Experience, cfg: AlgorithmConfig, micro: int, 
         old = log_prob.detach() if m.old_log_probs is None else m.old_log_probs.to(log_prob.device)
         adv = m.advantages.to(log_prob.device)
         pg_loss, pg_metrics = algos.compute_policy_loss(
-            old, log_prob, adv, mask, cfg.loss_agg_mode, cfg.clip_ratio_low, cfg.clip_ratio_high, cfg.clip_ratio_c,
+            old,
+            log_prob,
+            adv,
+            mask,
+            cfg.loss_agg_mode,
+            cfg.clip_ratio_low,
+            cfg.clip_ratio_high,
+            cfg.clip_ratio_c,
             **norm,
         )
         loss = pg_loss

@@ -89,7 +89,9 @@ def validate_config(cfg: Config) -> None:
     if not 0 <= t.lora_dropout < 1:
         raise ConfigError(f"train.lora_dropout={t.lora_dropout} must be in [0, 1)")
     if not t.target_modules:
-        raise ConfigError("train.target_modules is empty; name the linear layers LoRA adapts, e.g. [q_proj, v_proj]")
+        raise ConfigError(
+            "train.target_modules is empty; name the linear layers LoRA adapts, e.g. [q_proj, v_proj]"
+        )
 
     _one_of("algorithm.adv_estimator", a.adv_estimator, ADV_ESTIMATORS)
     _one_of("algorithm.kl_loss_type", a.kl_loss_type, KL_TYPES)
@@ -106,10 +108,14 @@ def validate_config(cfg: Config) -> None:
             f"algorithm.ppo_mini_batch_size={a.ppo_mini_batch_size} must divide trainer.batch_size={tr.batch_size}"
         )
     if a.adv_estimator in ("grpo", "dr_grpo") and r.n < 2:
-        raise ConfigError(f"rollout.n={r.n}: {a.adv_estimator} compares responses within a group; set rollout.n >= 2")
+        raise ConfigError(
+            f"rollout.n={r.n}: {a.adv_estimator} compares responses within a group; set rollout.n >= 2"
+        )
 
     if w.function and ":" not in w.function:
-        raise ConfigError(f"reward.function={w.function!r} must be module:function or path/to/file.py:function")
+        raise ConfigError(
+            f"reward.function={w.function!r} must be module:function or path/to/file.py:function"
+        )
     if w.device != "cpu" and not (w.device.startswith("cuda:") and w.device[5:].isdigit()):
         raise ConfigError(f"reward.device={w.device!r} must be cpu or cuda:N")
     _one_of("sync.mode", cfg.sync.mode, SYNC_MODES)
@@ -160,7 +166,9 @@ def _check_cost(cfg: Config) -> None:
             )
         model = c.gpu_models[gpu]
         if model not in c.price_per_hour:
-            raise ConfigError(f"cost.price_per_hour has no price for GPU model {model!r}; add cost.price_per_hour.{model}")
+            raise ConfigError(
+                f"cost.price_per_hour has no price for GPU model {model!r}; add cost.price_per_hour.{model}"
+            )
 
 
 def _check_not_built(cfg: Config) -> None:

@@ -107,8 +107,11 @@ def test_presets_do_not_change_the_maths():
 def test_placement_checks():
     from lite_verl.config import from_dict
 
-    base = {"rollout": {"engine": "vllm", "gpus": [0, 1], "quantization": "none"},
-            "train": {"gpus": [1, 2]}, "cost": {"gpu_models": ["A10"] * 3, "price_per_hour": {"A10": 1.0}}}
+    base = {
+        "rollout": {"engine": "vllm", "gpus": [0, 1], "quantization": "none"},
+        "train": {"gpus": [1, 2]},
+        "cost": {"gpu_models": ["A10"] * 3, "price_per_hour": {"A10": 1.0}},
+    }
     with pytest.raises(ConfigError, match=r"rollout.gpus \[0, 1\] overlaps train.gpus \[1, 2\]"):
         from_dict(base).validate()
     with pytest.raises(ConfigError, match="negative GPU id"):

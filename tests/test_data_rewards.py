@@ -5,16 +5,26 @@ from __future__ import annotations
 import json
 
 import pytest
-
 from conftest import SHARED_GSM8K
+
 from lite_verl.data.loader import PromptSampler
 from lite_verl.data.schema import load_rows, parse_row
 from lite_verl.data.tasks import echo_rows, task_rows
 from lite_verl.errors import DataError, RewardError
-from lite_verl.rewards import default_compute_score, echo_score, gsm8k_extract, load_reward_function, score_batch
+from lite_verl.rewards import (
+    default_compute_score,
+    echo_score,
+    gsm8k_extract,
+    load_reward_function,
+    score_batch,
+)
 
-ROW = {"prompt": [{"role": "user", "content": "1+1?"}], "data_source": "openai/gsm8k",
-       "reward_model": {"style": "rule", "ground_truth": "2"}, "extra_info": {"i": 0}}
+ROW = {
+    "prompt": [{"role": "user", "content": "1+1?"}],
+    "data_source": "openai/gsm8k",
+    "reward_model": {"style": "rule", "ground_truth": "2"},
+    "extra_info": {"i": 0},
+}
 
 
 def test_parse_row_and_errors():
@@ -114,7 +124,9 @@ def test_unknown_data_source_needs_a_function():
         default_compute_score("mine", "x", "y")
 
 
-@pytest.mark.skipif(not (SHARED_GSM8K / "test.jsonl").is_file(), reason="../shared/data/gsm8k is not beside this checkout")
+@pytest.mark.skipif(
+    not (SHARED_GSM8K / "test.jsonl").is_file(), reason="../shared/data/gsm8k is not beside this checkout"
+)
 def test_convert_real_gsm8k(tmp_path):
     from lite_verl.data.gsm8k import convert_gsm8k
 
@@ -123,4 +135,6 @@ def test_convert_real_gsm8k(tmp_path):
     assert n == len(rows) == 1319
     assert rows[0].data_source == "openai/gsm8k" and '"####"' in rows[0].messages[0]["content"]
     # the reference solution earns reward 1 under the rule
-    assert all(default_compute_score(r.data_source, r.extra_info["answer"], r.ground_truth) == 1.0 for r in rows)
+    assert all(
+        default_compute_score(r.data_source, r.extra_info["answer"], r.ground_truth) == 1.0 for r in rows
+    )

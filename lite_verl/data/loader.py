@@ -53,7 +53,9 @@ def load_prompt_sets(cfg: DataConfig, tokenizer, seed: int) -> tuple[PromptSet, 
     else:
         val_rows = task_rows(cfg.task, cfg.val_size, seed, "val")
     val_rows = val_rows[: cfg.val_size]
-    train = PromptSet(train_rows, encode_prompts(train_rows, tokenizer, cfg.max_prompt_length, "data.train_files"))
+    train = PromptSet(
+        train_rows, encode_prompts(train_rows, tokenizer, cfg.max_prompt_length, "data.train_files")
+    )
     val = PromptSet(val_rows, encode_prompts(val_rows, tokenizer, cfg.max_prompt_length, "data.val_files"))
     return train, val
 

@@ -45,10 +45,16 @@ def parse_row(raw: Any, where: str) -> PromptRow:
     if isinstance(prompt, str):
         prompt = [{"role": "user", "content": prompt}]
     if not isinstance(prompt, (list, tuple)) or not prompt:
-        raise DataError(f"{where}: field 'prompt' must be a non-empty list of chat messages {{role, content}}")
+        raise DataError(
+            f"{where}: field 'prompt' must be a non-empty list of chat messages {{role, content}}"
+        )
     messages = []
     for i, m in enumerate(prompt):
-        if not isinstance(m, dict) or not isinstance(m.get("role"), str) or not isinstance(m.get("content"), str):
+        if (
+            not isinstance(m, dict)
+            or not isinstance(m.get("role"), str)
+            or not isinstance(m.get("content"), str)
+        ):
             raise DataError(f"{where}: prompt[{i}] must be an object with string 'role' and 'content'")
         messages.append({"role": m["role"], "content": m["content"]})
     data_source = raw.get("data_source")
@@ -75,7 +81,9 @@ def _read_jsonl(path: Path) -> list[tuple[Any, str]]:
             try:
                 rows.append((json.loads(line), f"{path}:{i}"))
             except json.JSONDecodeError as e:
-                raise DataError(f"{path}:{i}: not valid JSON ({e.msg}); each line must be one JSON object") from None
+                raise DataError(
+                    f"{path}:{i}: not valid JSON ({e.msg}); each line must be one JSON object"
+                ) from None
     return rows
 
 

@@ -34,7 +34,9 @@ def response_mask_after_eos(response_ids: torch.Tensor, eos_ids: set[int]) -> to
 
 
 class HFRolloutEngine:
-    def __init__(self, model: torch.nn.Module, tokenizer, device: torch.device, chunk_size: int = 256) -> None:
+    def __init__(
+        self, model: torch.nn.Module, tokenizer, device: torch.device, chunk_size: int = 256
+    ) -> None:
         self.model = model
         self.tokenizer = tokenizer
         self.device = device

@@ -68,7 +68,9 @@ class LoraBackend:
         return self._log_probs(input_ids, attention_mask, response_length, temperature, with_entropy)
 
     def _log_probs(self, input_ids, attention_mask, response_length, temperature, with_entropy):
-        out = self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids(attention_mask))
+        out = self.model(
+            input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids(attention_mask)
+        )
         # logits at position t predict token t+1: the response tokens are predicted by [P-1, P+R-1)
         logits = out.logits[:, -response_length - 1 : -1].float()
         if temperature > 0:
@@ -111,7 +113,9 @@ class LoraBackend:
         result = set_peft_model_state_dict(self.model, weights)
         unexpected = getattr(result, "unexpected_keys", [])
         if unexpected:
-            raise ConfigError(f"checkpoint {directory} does not match train.* LoRA settings ({len(unexpected)} keys)")
+            raise ConfigError(
+                f"checkpoint {directory} does not match train.* LoRA settings ({len(unexpected)} keys)"
+            )
         self.optimizer.load_state_dict(torch.load(directory / "optimizer.pt", weights_only=True))
 
     def trainable_summary(self) -> dict[str, int]:

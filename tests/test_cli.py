@@ -1,0 +1,201 @@
+"""The real CLI in a subprocess: the laptop run learns, resume continues exactly, bad input exits 2."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import SHARED_GSM8K
+
+FAST = [
+    "--set",
+    "trainer.batch_size=4",
+    "--set",
+    "rollout.n=4",
+    "--set",
+    "data.val_size=8",
+    "--set",
+    "data.task_size=64",
+]
+
+
+def cli(*args: str, cwd: Path, timeout: int = 600) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONWARNINGS": "ignore"}
+    return subprocess.run(
+        [sys.executable, "-m", "lite_verl", *args],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=env,
+    )
+
+
+def metrics(run: Path) -> list[dict]:
+    return [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+
+
+def test_help_explains_itself(tmp_path):
+    out = cli("--help", cwd=tmp_path)
+    assert out.returncode == 0 and "train" in out.stdout and "validate" in out.stdout
+    out = cli("train", "--help", cwd=tmp_path)
+    assert "--preset" in out.stdout and "--resume" in out.stdout and "--set" in out.stdout
+
+
+def test_validate_and_presets(tmp_path):
+    out = cli("validate", "--preset", "laptop", "--set", "trainer.total_steps=3", cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    assert "total_steps: 3" in out.stdout and "config OK" in out.stderr
+    out = cli("presets", cwd=tmp_path)
+    assert "4090x4" in out.stdout and "laptop" in out.stdout
+    out = cli("validate", "--keys", cwd=tmp_path)
+    assert "trainer.total_steps" in out.stdout
+
+
+@pytest.mark.slow
+def test_laptop_preset_learns(tmp_path):
+    """Acceptance 1: the default laptop run; last 10% of steps beat the first 10% by >= 0.3."""
+    out = cli("train", "--preset", "laptop", "--run-dir", "run", cwd=tmp_path)
+    assert out.returncode == 0, out.stderr[-2000:]
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["reward_last_10pct"] - summary["reward_first_10pct"] >= 0.3, summary
+    assert "The bill" in out.stdout and "train reward" in out.stdout
+    run = tmp_path / "run"
+    for name in ["config.yaml", "env.json", "metrics.jsonl", "summary.json"]:
+        assert (run / name).is_file(), name
+    assert list((run / "tb").iterdir()), "no TensorBoard events"
+    ckpt = Path(summary["checkpoint"])
+    assert (ckpt / "adapter" / "adapter_model.safetensors").is_file() and (ckpt / "optimizer.pt").is_file()
+    row = metrics(run)[1]
+    for key in [
+        "reward/mean",
+        "reward/std",
+        "response_length/mean",
+        "actor/loss",
+        "actor/kl_loss",
+        "actor/entropy",
+        "actor/grad_norm",
+        "perf/tokens_per_s",
+        "timing/rollout_s",
+        "timing/reward_s",
+        "timing/update_s",
+    ]:
+        assert key in row, key
+    # the resolved config re-runs as it is
+    again = cli(
+        "train",
+        "--config",
+        "run/config.yaml",
+        "--run-dir",
+        "again",
+        "--set",
+        "trainer.total_steps=2",
+        cwd=tmp_path,
+    )
+    assert again.returncode == 0, again.stderr[-2000:]
+
+
+@pytest.mark.slow
+def test_resume_continues_step_count_and_data_order(tmp_path):
+    """Acceptance 4: 2 steps + resume to 4 == 4 steps uninterrupted (same data order, same numbers)."""
+    full = cli("train", "--run-dir", "full", *FAST, "--set", "trainer.total_steps=4", cwd=tmp_path)
+    assert full.returncode == 0, full.stderr[-2000:]
+    part = cli("train", "--run-dir", "part", *FAST, "--set", "trainer.total_steps=2", cwd=tmp_path)
+    assert part.returncode == 0, part.stderr[-2000:]
+    resumed = cli("train", "--resume", "part", "--set", "trainer.total_steps=4", cwd=tmp_path)
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    a = [m for m in metrics(tmp_path / "full") if "reward/mean" in m]
+    b = [m for m in metrics(tmp_path / "part") if "reward/mean" in m]
+    assert [m["step"] for m in b] == [1, 2, 3, 4]
+    for x, y in zip(a, b):
+        assert x["reward/mean"] == y["reward/mean"]
+        assert x["actor/loss"] == pytest.approx(y["actor/loss"], rel=1e-5, abs=1e-7)
+    state = json.loads((tmp_path / "part" / "checkpoints" / "step_00000004" / "state.json").read_text())
+    assert state["step"] == 4 and state["consumed"] == 16
+
+
+def test_real_model_directory_and_data_files(tmp_path):
+    """model.path = a directory written by make-tiny-model (real from_pretrained); data from jsonl."""
+    out = cli("make-tiny-model", "model", "--arch", "llama", cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    from lite_verl.data.schema import write_jsonl
+    from lite_verl.data.tasks import arithmetic_rows
+
+    write_jsonl(arithmetic_rows(16, 0), tmp_path / "train.jsonl")
+    out = cli(
+        "train",
+        "--run-dir",
+        "run",
+        *FAST,
+        "--set",
+        "model.path=model",
+        "--set",
+        "data.train_files=[train.jsonl]",
+        "--set",
+        "trainer.total_steps=2",
+        "--set",
+        "data.val_files=[train.jsonl]",
+        cwd=tmp_path,
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert [m["step"] for m in metrics(tmp_path / "run") if "reward/mean" in m] == [1, 2]
+
+
+@pytest.mark.skipif(
+    not (SHARED_GSM8K / "test.jsonl").is_file(), reason="../shared/data/gsm8k is not beside this checkout"
+)
+def test_prepare_gsm8k_cli(tmp_path):
+    out = cli("prepare-gsm8k", str(SHARED_GSM8K / "test.jsonl"), "gsm8k.jsonl", cwd=tmp_path)
+    assert out.returncode == 0 and "1319" in out.stdout
+
+
+def _bad_inputs(tmp: Path) -> dict[str, tuple[list[str], str]]:
+    (tmp / "bad.jsonl").write_text('{"prompt": [{"role": "user", "content": "hi"}], "data_source": "x"}\n')
+    (tmp / "notjson.jsonl").write_text("{oops\n")
+    (tmp / "cfg.yaml").write_text("trainer:\n  total_steps: [1\n")
+    (tmp / "rw.py").write_text("def f(*a):\n    raise RuntimeError('bad reward')\n")
+    return {
+        "unknown key": (["--set", "trainer.totl_steps=3"], "did you mean 'trainer.total_steps'"),
+        "wrong type": (["--set", "trainer.total_steps=many"], "trainer.total_steps must be a int"),
+        "missing model": (
+            ["--set", "model.path=/no/such/model"],
+            "model.path='/no/such/model' does not exist",
+        ),
+        "missing dataset": (["--set", "data.train_files=[nope.jsonl]"], "'nope.jsonl' does not exist"),
+        "malformed row": (
+            ["--set", "data.train_files=[bad.jsonl]"],
+            "bad.jsonl:1: missing field 'reward_model.ground_truth'",
+        ),
+        "not json": (["--set", "data.train_files=[notjson.jsonl]"], "notjson.jsonl:1: not valid JSON"),
+        "bad yaml": (["--config", "cfg.yaml"], "is not valid YAML"),
+        "unknown preset": (["--preset", "4090x3"], "unknown preset '4090x3'"),
+        "gpu not present": (
+            ["--preset", "4090x1", "--set", "rollout.engine=hf", "--set", "rollout.quantization=none"],
+            "this machine has no CUDA GPU",
+        ),
+        "reward raises": (
+            ["--set", "reward.function=rw.py:f", "--set", "trainer.total_steps=2"],
+            "raised RuntimeError: bad reward",
+        ),
+    }
+
+
+@pytest.mark.parametrize("case", list(_bad_inputs(Path("/tmp")).keys()))
+def test_bad_input_one_line_exit_2_no_run_dir(tmp_path, case):
+    """Acceptance 5: one-line error naming the fix, exit code 2, no traceback, no run directory."""
+    from conftest import has_cuda
+
+    if case == "gpu not present" and has_cuda():
+        pytest.skip("this machine has a GPU")
+    args, message = _bad_inputs(tmp_path)[case]
+    out = cli("train", "--run-dir", "run", *FAST, *args, cwd=tmp_path)
+    assert out.returncode == 2, (out.returncode, out.stderr[-2000:])
+    assert "Traceback" not in out.stderr
+    errors = [line for line in out.stderr.splitlines() if line.startswith("lite-verl: error:")]
+    assert len(errors) == 1 and message in errors[0], out.stderr
+    assert not (tmp_path / "run").exists()
+    assert not (tmp_path / "runs").exists()
