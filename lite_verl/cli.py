@@ -6,6 +6,7 @@
     lite-verl validate --preset 4090x4                    # print the resolved config, or what is wrong
     lite-verl make-tiny-model DIR                         # random-init model + locally trained tokenizer
     lite-verl prepare-gsm8k SRC.jsonl DST.jsonl           # GSM8K's jsonl -> verl's prompt schema
+    lite-verl import-gguf FILE.gguf DIR                   # a GGUF file -> a Hugging Face model directory
 
 A mistake in the input prints one line naming the field and the fix, and exits with code 2.
 """
@@ -16,6 +17,7 @@ import argparse
 import os
 import shutil
 import sys
+import warnings
 from pathlib import Path
 
 from lite_verl.errors import UserError
@@ -82,6 +84,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0)
 
     p = sub.add_parser(
+        "import-gguf",
+        help="convert a GGUF file into a Hugging Face model directory",
+        description="Dequantize a GGUF file (llama.cpp) into a normal HF model directory.",
+    )
+    p.add_argument("gguf", help="the .gguf file")
+    p.add_argument("dir", help="output directory")
+    p.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16", "float16"])
+
+    p = sub.add_parser(
         "prepare-gsm8k",
         help="convert GSM8K jsonl to verl's prompt schema",
         description="Convert GSM8K's {question, answer} jsonl into verl's prompt rows.",
@@ -101,6 +112,7 @@ def _quiet_libraries() -> None:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")  # never download at run time
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*is deprecated")
     try:
         from transformers.utils import logging as hf_logging
 
@@ -192,7 +204,16 @@ def cmd_prepare_gsm8k(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_import_gguf(args: argparse.Namespace) -> int:
+    from lite_verl.gguf_import import import_gguf
+
+    out = import_gguf(args.gguf, args.dir, args.dtype)
+    print(f"wrote a Hugging Face model directory to {out}")
+    return 0
+
+
 COMMANDS = {
+    "import-gguf": cmd_import_gguf,
     "train": cmd_train,
     "validate": cmd_validate,
     "presets": cmd_presets,

@@ -43,7 +43,8 @@ class DataConfig:
     task: str = "echo"  # built-in task when train_files is empty: echo | arithmetic
     task_size: int = 4096  # number of built-in training prompts generated from trainer.seed
     val_size: int = 64  # number of prompts scored at each validation
-    max_prompt_length: int = 256  # prompts longer than this (in tokens) are an error naming the row
+    max_prompt_length: int = 512  # prompts longer than this (in tokens) are an error naming the row...
+    filter_overlong_prompts: bool = False  # ...unless this drops them (with a count on stderr), as verl's
     shuffle: bool = True  # reshuffle the prompts every epoch (seeded by trainer.seed and the epoch)
 
 

@@ -113,6 +113,7 @@ def make_tiny_model(out_dir: str | Path, spec: TinySpec | None = None) -> Path:
     )
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    tmp.chmod(0o755)
     try:
         model.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)

@@ -199,3 +199,12 @@ def test_bad_input_one_line_exit_2_no_run_dir(tmp_path, case):
     assert len(errors) == 1 and message in errors[0], out.stderr
     assert not (tmp_path / "run").exists()
     assert not (tmp_path / "runs").exists()
+
+
+def test_readme_test_command_is_what_ci_runs():
+    repo = Path(__file__).resolve().parent.parent
+    ci = (repo / ".ci" / "run").read_text()
+    command = ci.split("TEST_CMD='", 1)[1].split("'", 1)[0]
+    readme = (repo / "README.md").read_text()
+    assert command in readme
+    assert "pip install torch==2.13.0 && pip install -e . && lite-verl train --preset laptop" in readme

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass
 
 import torch
@@ -21,23 +22,37 @@ class PromptSet:
         return len(self.rows)
 
 
-def encode_prompts(rows: list[PromptRow], tokenizer, max_len: int, what: str) -> list[list[int]]:
+def encode_prompts(
+    rows: list[PromptRow], tokenizer, max_len: int, what: str, drop_long: bool = False
+) -> tuple[list[PromptRow], list[list[int]]]:
+    """Chat-template and tokenize every row; (kept rows, their ids)."""
     if not getattr(tokenizer, "chat_template", None):
         raise ModelError(
             "the model's tokenizer has no chat template; use an instruct/chat model or add "
             "'chat_template' to its tokenizer_config.json"
         )
-    out = []
+    kept, out = [], []
     for i, row in enumerate(rows):
         text = tokenizer.apply_chat_template(list(row.messages), add_generation_prompt=True, tokenize=False)
         ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+        if len(ids) > max_len and drop_long:
+            continue
         if len(ids) > max_len:
             raise DataError(
                 f"{what} row {i}: the prompt has {len(ids)} tokens, more than data.max_prompt_length="
-                f"{max_len}; raise data.max_prompt_length or shorten the prompt"
+                f"{max_len}; raise data.max_prompt_length or set data.filter_overlong_prompts=true"
             )
+        kept.append(row)
         out.append(ids)
-    return out
+    if len(kept) < len(rows):
+        print(
+            f"lite-verl: dropped {len(rows) - len(kept)} of {len(rows)} prompts of {what} longer than "
+            f"data.max_prompt_length={max_len}",
+            file=sys.stderr,
+        )
+    if rows and not kept:
+        raise DataError(f"{what}: every prompt is longer than data.max_prompt_length={max_len}; raise it")
+    return kept, out
 
 
 def load_prompt_sets(cfg: DataConfig, tokenizer, seed: int) -> tuple[PromptSet, PromptSet]:
@@ -53,10 +68,9 @@ def load_prompt_sets(cfg: DataConfig, tokenizer, seed: int) -> tuple[PromptSet, 
     else:
         val_rows = task_rows(cfg.task, cfg.val_size, seed, "val")
     val_rows = val_rows[: cfg.val_size]
-    train = PromptSet(
-        train_rows, encode_prompts(train_rows, tokenizer, cfg.max_prompt_length, "data.train_files")
-    )
-    val = PromptSet(val_rows, encode_prompts(val_rows, tokenizer, cfg.max_prompt_length, "data.val_files"))
+    drop = cfg.filter_overlong_prompts
+    train = PromptSet(*encode_prompts(train_rows, tokenizer, cfg.max_prompt_length, "data.train_files", drop))
+    val = PromptSet(*encode_prompts(val_rows, tokenizer, cfg.max_prompt_length, "data.val_files", drop))
     return train, val
 
 
