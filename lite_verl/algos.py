@@ -27,6 +27,139 @@ def masked_mean(values: torch.Tensor, mask: torch.Tensor, dim: int | None = None
     return masked_sum(values, mask, dim) / (mask.sum() if dim is None else mask.sum(dim)).add(1e-8)
 
 
+def masked_var(values: torch.Tensor, mask: torch.Tensor, unbiased: bool = True) -> torch.Tensor:
+    """Variance over valid entries; unbiased (n / (n - 1) correction) as verl's masked_whiten uses."""
+    mean = masked_mean(values, mask)
+    var = masked_mean((values - mean).square(), mask)
+    if unbiased:
+        n = mask.sum()
+        if n <= 1:
+            raise ValueError("masked_var: at least two valid entries are needed for an unbiased variance")
+        var = var * n / (n - 1)
+    return var
+
+
+def masked_whiten(values: torch.Tensor, mask: torch.Tensor, shift_mean: bool = True) -> torch.Tensor:
+    """(values - mean) / sqrt(var + 1e-8) over valid entries, unbiased variance (verl)."""
+    mean, var = masked_mean(values, mask), masked_var(values, mask)
+    whitened = (values - mean) * torch.rsqrt(var + 1e-8)
+    return whitened if shift_mean else whitened + mean
+
+
+def _group_rows(index: list | torch.Tensor) -> dict[object, list[int]]:
+    keys = index.tolist() if isinstance(index, torch.Tensor) else list(index)
+    groups: dict[object, list[int]] = defaultdict(list)
+    for i, k in enumerate(keys):
+        groups[k].append(i)
+    return groups
+
+
+def _group_mean(scores: torch.Tensor, index: list | torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per row: (mean of its group, size of its group); a group of one has mean 0 (verl)."""
+    mean = torch.zeros_like(scores)
+    size = torch.ones_like(scores)
+    for rows in _group_rows(index).values():
+        size[rows] = float(len(rows))
+        if len(rows) > 1:
+            mean[rows] = scores[rows].mean()
+    return mean, size
+
+
+def compute_gae_advantage_return(
+    token_level_rewards: torch.Tensor,
+    values: torch.Tensor,
+    response_mask: torch.Tensor,
+    gamma: float = 1.0,
+    lam: float = 1.0,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Generalized Advantage Estimation (Schulman et al. 2016), verl's numerics.
+
+    token_level_rewards, values, response_mask: [B, T]. Returns (advantages, returns), [B, T].
+    delta_t = r_t + gamma * V_{t+1} - V_t;  A_t = delta_t + gamma * lam * A_{t+1};  returns = A + V.
+    Padded positions are skipped (the recursion carries V and A across them), so padding never
+    changes a result. verl's detail: the advantages are then whitened over all valid tokens of the
+    batch with the unbiased variance; the returns are not.
+    """
+    with torch.no_grad():
+        next_value = torch.zeros_like(values[:, 0])
+        last_gae = torch.zeros_like(values[:, 0])
+        reversed_adv = []
+        for t in reversed(range(token_level_rewards.shape[-1])):
+            m = response_mask[:, t]
+            delta = token_level_rewards[:, t] + gamma * next_value - values[:, t]
+            gae = delta + gamma * lam * last_gae
+            next_value = values[:, t] * m + (1 - m) * next_value
+            last_gae = gae * m + (1 - m) * last_gae
+            reversed_adv.append(last_gae)
+        advantages = torch.stack(reversed_adv[::-1], dim=1)
+        returns = advantages + values
+        advantages = masked_whiten(advantages, response_mask) * response_mask
+    return advantages, returns
+
+
+def compute_rloo_outcome_advantage(
+    token_level_rewards: torch.Tensor, response_mask: torch.Tensor, index: list | torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """REINFORCE leave-one-out (Ahmadian et al. 2024): score minus the mean of the other rows of its group.
+
+    token_level_rewards, response_mask: [B, T]; index: [B]. Returns ([B, T], [B, T]).
+    Computed as verl does: s * n / (n - 1) - mean * n / (n - 1) (= s - mean of the others); a group of
+    one keeps its raw score.
+    """
+    with torch.no_grad():
+        scores = token_level_rewards.sum(dim=-1)
+        mean, size = _group_mean(scores, index)
+        loo = scores * size / (size - 1) - mean * size / (size - 1)
+        adv = torch.where(size > 1, loo, scores).unsqueeze(-1) * response_mask
+    return adv, adv
+
+
+def compute_reinforce_plus_plus_outcome_advantage(
+    token_level_rewards: torch.Tensor, response_mask: torch.Tensor, gamma: float = 1.0
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """REINFORCE++ (Hu 2025): discounted return-to-go, whitened over the batch's valid tokens.
+
+    token_level_rewards, response_mask: [B, T]. Returns (advantages, returns), [B, T].
+    The running return is reset after each row's last valid token (verl).
+    """
+    with torch.no_grad():
+        returns = torch.zeros_like(token_level_rewards)
+        running = torch.zeros_like(token_level_rewards[:, 0])
+        for t in reversed(range(token_level_rewards.shape[-1])):
+            running = token_level_rewards[:, t] + gamma * running
+            returns[:, t] = running
+            running = running * response_mask[:, t]
+        advantages = masked_whiten(returns, response_mask) * response_mask
+    return advantages, returns
+
+
+def compute_reinforce_plus_plus_baseline_outcome_advantage(
+    token_level_rewards: torch.Tensor, response_mask: torch.Tensor, index: list | torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """REINFORCE++ with a group-mean baseline: (score - group mean) on every token, then whitened
+    over the batch's valid tokens (verl). Singleton groups have mean 0. Shapes as GRPO."""
+    with torch.no_grad():
+        scores = token_level_rewards.sum(dim=-1)
+        mean, _ = _group_mean(scores, index)
+        adv = (scores - mean).unsqueeze(-1) * response_mask
+        adv = masked_whiten(adv, response_mask) * response_mask
+    return adv, adv
+
+
+def compute_remax_outcome_advantage(
+    token_level_rewards: torch.Tensor, reward_baselines: torch.Tensor, response_mask: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """ReMax (Li et al. 2023): return-to-go minus the reward of the greedy response to the same prompt.
+
+    token_level_rewards, response_mask: [B, T]; reward_baselines: [B]. Returns (advantages, returns).
+    Not whitened (verl).
+    """
+    with torch.no_grad():
+        returns = (token_level_rewards * response_mask).flip(dims=[-1]).cumsum(dim=-1).flip(dims=[-1])
+        advantages = returns - reward_baselines.unsqueeze(-1) * response_mask
+    return advantages, returns
+
+
 def compute_grpo_outcome_advantage(
     token_level_rewards: torch.Tensor,
     response_mask: torch.Tensor,
@@ -46,10 +179,7 @@ def compute_grpo_outcome_advantage(
     norm_adv_by_std_in_grpo=False gives Dr. GRPO (Liu et al. 2025): score minus group mean.
     """
     scores = token_level_rewards.sum(dim=-1)
-    keys = index.tolist() if isinstance(index, torch.Tensor) else list(index)
-    groups: dict[object, list[int]] = defaultdict(list)
-    for i, k in enumerate(keys):
-        groups[k].append(i)
+    groups = _group_rows(index)
     with torch.no_grad():
         mean = torch.zeros_like(scores)
         std = torch.ones_like(scores)
@@ -168,6 +298,108 @@ def compute_policy_loss(
         "ppo_kl": ppo_kl.detach(),
     }
     return loss, metrics
+
+
+def compute_value_loss(
+    vpreds: torch.Tensor,
+    returns: torch.Tensor,
+    values: torch.Tensor,
+    response_mask: torch.Tensor,
+    cliprange_value: float,
+    loss_agg_mode: str = "token-mean",
+    *,
+    global_tokens: float | None = None,
+    global_seqs: float | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Clipped value loss (PPO2 baselines), verl's numerics. All tensors [B, T].
+
+    vclip = clip(vpreds, values - c, values + c);  L = 0.5 * agg(max((vpreds - R)^2, (vclip - R)^2)).
+    Returns (loss, clipfrac = share of valid tokens where the clipped term was larger).
+    """
+    vclipped = torch.clamp(vpreds, values - cliprange_value, values + cliprange_value)
+    losses1 = (vpreds - returns).square()
+    losses2 = (vclipped - returns).square()
+    loss = 0.5 * agg_loss(
+        torch.maximum(losses1, losses2),
+        response_mask,
+        loss_agg_mode,
+        global_tokens=global_tokens,
+        global_seqs=global_seqs,
+    )
+    clipfrac = masked_mean(torch.gt(losses2, losses1).float(), response_mask)
+    return loss, clipfrac
+
+
+def compute_rollout_is_weights(
+    old_log_prob: torch.Tensor,
+    rollout_log_prob: torch.Tensor,
+    response_mask: torch.Tensor,
+    level: str = "token",
+    threshold: float = 2.0,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """Truncated importance sampling for the rollout/trainer mismatch (Yao et al. 2025, "TIS").
+
+    The rollout engine samples from pi_rollout (another kernel, quantized weights, or a stale policy);
+    the loss is computed for pi_old. w = pi_old / pi_rollout, truncated at `threshold` (C), detached.
+    level="token":    w_t = min(exp(logp_old_t - logp_rollout_t), C)
+    level="sequence": w = min(exp(sum_t (logp_old_t - logp_rollout_t)), C) on every token of the row
+    old_log_prob, rollout_log_prob, response_mask: [B, T]. Returns (weights [B, T], metrics).
+    The log-ratio is clamped to [-20, 20] before exp, as in the policy loss.
+    """
+    with torch.no_grad():
+        log_ratio = (old_log_prob - rollout_log_prob) * response_mask
+        if level == "sequence":
+            log_ratio = log_ratio.sum(-1, keepdim=True).expand_as(old_log_prob)
+        elif level != "token":
+            raise ValueError(f"unknown rollout IS level {level!r}; token or sequence")
+        raw = torch.exp(torch.clamp(log_ratio, -20.0, 20.0))
+        weights = raw.clamp(max=threshold) * response_mask
+        metrics = {
+            "is_weight_mean": masked_mean(weights, response_mask),
+            "is_weight_max": (raw * response_mask).max(),
+            "is_truncated_frac": masked_mean((raw > threshold).float(), response_mask),
+        }
+    return weights, metrics
+
+
+class FixedKLController:
+    """KL-in-reward coefficient that never changes."""
+
+    def __init__(self, kl_coef: float) -> None:
+        self.value = kl_coef
+
+    def update(self, current_kl: float, n_steps: int) -> None:
+        pass
+
+
+class AdaptiveKLController:
+    """Ziegler et al. 2019: beta *= 1 + clip(KL / target - 1, -0.2, 0.2) * n_steps / horizon (verl)."""
+
+    def __init__(self, init_kl_coef: float, target_kl: float, horizon: int) -> None:
+        self.value, self.target, self.horizon = init_kl_coef, target_kl, horizon
+
+    def update(self, current_kl: float, n_steps: int) -> None:
+        error = max(-0.2, min(0.2, current_kl / self.target - 1))
+        self.value *= 1 + error * n_steps / self.horizon
+
+
+def apply_kl_penalty(
+    token_level_scores: torch.Tensor,
+    old_log_prob: torch.Tensor,
+    ref_log_prob: torch.Tensor,
+    response_mask: torch.Tensor,
+    beta: float,
+    kl_penalty_type: str = "kl",
+) -> tuple[torch.Tensor, float]:
+    """KL as a reward penalty (InstructGPT): r_t = score_t - beta * KL_t. All [B, T].
+
+    Returns (token_level_rewards, the batch KL = mean over rows of each row's token-mean KL) - the
+    figure the adaptive controller is updated with (verl).
+    """
+    kld = kl_penalty(old_log_prob, ref_log_prob, kl_penalty_type) * response_mask
+    rewards = token_level_scores - beta * kld
+    current = masked_mean(kld, response_mask, dim=-1).mean()
+    return rewards, float(current)
 
 
 def entropy_from_logits(logits: torch.Tensor) -> torch.Tensor:

@@ -44,10 +44,13 @@ class Experience:
     input_ids: torch.Tensor  # [N, P+R]
     attention_mask: torch.Tensor  # [N, P+R]
     response_mask: torch.Tensor  # [N, R] float
-    old_log_probs: torch.Tensor  # [N, R] trainer log-probs before the update
+    old_log_probs: torch.Tensor | None  # [N, R] trainer log-probs before the update; None = on-policy
     ref_log_probs: torch.Tensor | None  # [N, R] reference policy (adapter off), when a KL term needs it
     advantages: torch.Tensor  # [N, R]
     rollout_log_probs: torch.Tensor  # [N, R]
+    values: torch.Tensor | None = None  # [N, R] critic values before the update (gae)
+    returns: torch.Tensor | None = None  # [N, R] value targets (gae)
+    is_weights: torch.Tensor | None = None  # [N, R] truncated IS weights for rollout/trainer mismatch
 
     @property
     def num_rows(self) -> int:

@@ -85,11 +85,19 @@ class TrainConfig:
 
 @dataclass(frozen=True)
 class AlgorithmConfig:
-    adv_estimator: str = "grpo"  # grpo | dr_grpo (more in the algorithms issue)
-    norm_adv_by_std_in_grpo: bool = True  # GRPO: divide by the group std (False = Dr. GRPO)
+    adv_estimator: str = "grpo"  # gae (PPO, critic) | grpo | dr_grpo | rloo | reinforce_plus_plus | reinforce_plus_plus_baseline | remax
+    norm_adv_by_std_in_grpo: bool = True  # GRPO: divide by the group std (dr_grpo never does)
+    gamma: float = 1.0  # discount (gae, reinforce_plus_plus)
+    lam: float = 1.0  # GAE lambda
     use_kl_loss: bool = True  # add beta * KL(policy || reference) to the loss (verl's GRPO recipe)
-    kl_loss_coef: float = 0.001  # beta
+    kl_loss_coef: float = 0.001  # beta of the KL loss
     kl_loss_type: str = "low_var_kl"  # kl (k1) | abs | mse (k2) | low_var_kl (k3)
+    use_kl_in_reward: bool = False  # subtract kl_coef * KL from the token rewards instead (PPO style)
+    kl_penalty: str = "kl"  # estimator of the in-reward KL: kl | abs | mse | low_var_kl
+    kl_ctrl_type: str = "fixed"  # fixed | adaptive (Ziegler et al.) in-reward KL coefficient
+    kl_coef: float = 0.001  # in-reward KL coefficient (initial value when adaptive)
+    kl_target: float = 0.1  # adaptive controller: target KL per token
+    kl_horizon: int = 10000  # adaptive controller: horizon in samples
     clip_ratio_low: float = 0.2  # PPO clip: ratio >= 1 - clip_ratio_low
     clip_ratio_high: float = 0.2  # PPO clip: ratio <= 1 + clip_ratio_high (DAPO clip-higher when larger)
     clip_ratio_c: float = 3.0  # dual clip for negative advantages (> 1)
@@ -99,6 +107,15 @@ class AlgorithmConfig:
     entropy_coeff: float = 0.0  # entropy bonus coefficient (loss -= coeff * entropy)
     ppo_epochs: int = 1  # passes over each rollout batch
     ppo_mini_batch_size: int = 0  # prompts per optimizer step; 0 = the whole batch (one step per rollout)
+    rollout_correction: str = "none"  # none | token | sequence: truncated IS for rollout/trainer mismatch
+    rollout_is_threshold: float = 2.0  # C: IS weights are truncated at this value
+
+
+@dataclass(frozen=True)
+class CriticConfig:
+    lr: float = 3e-3  # critic AdamW learning rate (adapter + value head)
+    cliprange_value: float = 0.5  # value clipping around the old values
+    warmup_steps: int = 0  # steps that update only the critic (the actor waits)
 
 
 @dataclass(frozen=True)
@@ -138,6 +155,7 @@ class Config:
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
+    critic: CriticConfig = field(default_factory=CriticConfig)
     reward: RewardConfig = field(default_factory=RewardConfig)
     sync: SyncConfig = field(default_factory=SyncConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)

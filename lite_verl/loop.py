@@ -29,7 +29,7 @@ from lite_verl.errors import UserError
 from lite_verl.rewards import RewardFn, load_reward_function, score_batch
 from lite_verl.rollout.base import SamplingSettings
 from lite_verl.rundir import MetricsLog, RunDir, read_metrics, set_rng_state
-from lite_verl.update import compute_advantages, make_experience, ppo_update
+from lite_verl.update import critic_update, make_experience, make_kl_controller, ppo_update
 
 MAX_SKIPPED_STEPS = 5  # non-finite losses in a row before the run stops
 
@@ -47,6 +47,7 @@ class Session:
     train_set: PromptSet
     val_set: PromptSet
     reward_fn: RewardFn
+    kl_ctrl: Any  # in-reward KL coefficient controller (algos.FixedKLController / AdaptiveKLController)
 
 
 def prepare(cfg: Config) -> Session:
@@ -63,8 +64,11 @@ def prepare(cfg: Config) -> Session:
     device = role_device(cfg.train.gpus)
     base = load_model(path, cfg.model, device)
     backend = LoraBackend(base, cfg.train, device, cfg.trainer.seed)
+    if cfg.algorithm.adv_estimator == "gae":
+        backend.enable_critic(cfg.critic)
     engine = HFRolloutEngine(backend.model, tokenizer, device)
-    return Session(cfg, tokenizer, backend, engine, train_set, val_set, reward_fn)
+    kl_ctrl = make_kl_controller(cfg.algorithm)
+    return Session(cfg, tokenizer, backend, engine, train_set, val_set, reward_fn, kl_ctrl)
 
 
 def step_seed(seed: int, step: int) -> int:
@@ -101,19 +105,29 @@ def validate(session: Session, step: int) -> dict[str, float]:
     return {"val/reward_mean": float(scores.mean())}
 
 
+def _greedy_baselines(
+    session: Session, rows_idx: list[int], prompts: list[list[int]], n: int
+) -> torch.Tensor:
+    """ReMax: the reward of the greedy response to each prompt, repeated for its n samples. [N]"""
+    sampling = SamplingSettings(n=1, temperature=0.0, max_new_tokens=session.cfg.rollout.max_new_tokens)
+    greedy = session.engine.generate(prompts, sampling, seed=0)
+    texts = session.tokenizer.batch_decode(
+        greedy.response_ids * greedy.response_mask, skip_special_tokens=True
+    )
+    return score(session, rows_idx, session.train_set, texts, 1).repeat_interleave(n)
+
+
 def train_step(session: Session, sampler: PromptSampler, step: int, ledger: Ledger) -> dict[str, float]:
-    cfg, r = session.cfg, session.cfg.rollout
+    cfg, r, a = session.cfg, session.cfg.rollout, session.cfg.algorithm
     t0 = time.perf_counter()
     rows_idx = sampler.next_batch()
+    prompts = [session.train_set.token_ids[i] for i in rows_idx]
     sampling = SamplingSettings(
         n=r.n, temperature=r.temperature, top_p=r.top_p, max_new_tokens=r.max_new_tokens
     )
     with ledger.busy_on("rollout"):
-        rollout = session.engine.generate(
-            [session.train_set.token_ids[i] for i in rows_idx],
-            sampling,
-            seed=step_seed(cfg.trainer.seed, step),
-        )
+        rollout = session.engine.generate(prompts, sampling, seed=step_seed(cfg.trainer.seed, step))
+        baselines = _greedy_baselines(session, rows_idx, prompts, r.n) if a.adv_estimator == "remax" else None
     t1 = time.perf_counter()
     with ledger.busy_on("reward"):
         texts = session.tokenizer.batch_decode(
@@ -123,24 +137,22 @@ def train_step(session: Session, sampler: PromptSampler, step: int, ledger: Ledg
     t2 = time.perf_counter()
     group_ids = [i for i in range(len(rows_idx)) for _ in range(r.n)]
     micro = cfg.train.micro_batch_size
+    rows_per_mini = (a.ppo_mini_batch_size or cfg.trainer.batch_size) * r.n
     with ledger.busy_on("train"):
-        advantages = compute_advantages(scores, rollout.response_mask, group_ids, cfg.algorithm)
-        exp = make_experience(session.backend, rollout, advantages, cfg.algorithm, micro, r.temperature)
-        mini = cfg.algorithm.ppo_mini_batch_size or cfg.trainer.batch_size
-        metrics = ppo_update(session.backend, exp, cfg.algorithm, mini * r.n, micro, r.temperature)
+        exp, metrics = make_experience(
+            session.backend, rollout, scores, group_ids, a, session.kl_ctrl, micro, r.temperature, baselines
+        )
+        if exp.values is not None:
+            metrics.update(critic_update(session.backend, exp, a, cfg.critic, rows_per_mini, micro))
+        if step > cfg.critic.warmup_steps or exp.values is None:
+            metrics.update(ppo_update(session.backend, exp, a, rows_per_mini, micro, r.temperature))
     t3 = time.perf_counter()
     sync_s = session.engine.sync_weights(step)
     t4 = time.perf_counter()
-    lengths = rollout.response_lengths().float()
-    gen_tokens = float(lengths.sum())
-    all_tokens = gen_tokens + float(rollout.prompt_mask.sum())
+    metrics.update(_rollout_metrics(rollout, scores))
+    gen_tokens, all_tokens = float(rollout.response_mask.sum()), float(rollout.attention_mask.sum())
     metrics.update(
         {
-            "reward/mean": float(scores.mean()),
-            "reward/std": float(scores.std()) if len(scores) > 1 else 0.0,
-            "reward/max": float(scores.max()),
-            "response_length/mean": float(lengths.mean()),
-            "response_length/clip_ratio": float((lengths >= rollout.response_ids.shape[1]).float().mean()),
             "perf/gen_tokens_per_s": gen_tokens / max(t1 - t0, 1e-9),
             "perf/tokens_per_s": all_tokens / max(t4 - t0, 1e-9),
             "timing/rollout_s": t1 - t0,
@@ -153,6 +165,17 @@ def train_step(session: Session, sampler: PromptSampler, step: int, ledger: Ledg
     return metrics
 
 
+def _rollout_metrics(rollout, scores: torch.Tensor) -> dict[str, float]:
+    lengths = rollout.response_lengths().float()
+    return {
+        "reward/mean": float(scores.mean()),
+        "reward/std": float(scores.std()) if len(scores) > 1 else 0.0,
+        "reward/max": float(scores.max()),
+        "response_length/mean": float(lengths.mean()),
+        "response_length/clip_ratio": float((lengths >= rollout.response_ids.shape[1]).float().mean()),
+    }
+
+
 def _resume(session: Session, run: RunDir, ledger: Ledger) -> tuple[int, int]:
     """Load the latest checkpoint: -> (next step, prompts consumed)."""
     ckpt = run.latest_checkpoint()
@@ -162,6 +185,7 @@ def _resume(session: Session, run: RunDir, ledger: Ledger) -> tuple[int, int]:
     state = json.loads((ckpt / "state.json").read_text())
     set_rng_state(torch.load(ckpt / "rng.pt", weights_only=False))
     ledger.restore(state.get("ledger", {}))
+    session.kl_ctrl.value = float(state.get("kl_coef", session.kl_ctrl.value))
     return int(state["step"]) + 1, int(state["consumed"])
 
 
@@ -193,7 +217,11 @@ def run_training(session: Session, run: RunDir, resume: bool = False) -> dict[st
             log.log(step, metrics)
             progress.update(step, metrics)
             if (tr.save_every and step % tr.save_every == 0) or step == tr.total_steps:
-                state = {"consumed": sampler.consumed, "ledger": ledger.state()}
+                state = {
+                    "consumed": sampler.consumed,
+                    "ledger": ledger.state(),
+                    "kl_coef": session.kl_ctrl.value,
+                }
                 run.save_checkpoint(step, session.backend, state, tr.keep_checkpoints)
         final_val = validate(session, tr.total_steps) if cfg.data.val_size else {}
         if final_val:

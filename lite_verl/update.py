@@ -1,4 +1,4 @@
-"""From rollout to gradient: rewards on tokens, advantages, reference log-probs, and the PPO update.
+"""From rollout to gradient: rewards on tokens, KL, advantages, and the PPO actor and critic updates.
 
 The update owns micro-batching: each micro-batch's loss is normalised by the token (or sequence)
 count of its whole mini-batch, so micro_batch_size changes memory, never the gradient.
@@ -13,7 +13,7 @@ import torch
 
 from lite_verl import algos
 from lite_verl.batch import Experience, RolloutBatch
-from lite_verl.config import AlgorithmConfig
+from lite_verl.config import AlgorithmConfig, CriticConfig
 
 
 def token_level_rewards(scores: torch.Tensor, response_mask: torch.Tensor) -> torch.Tensor:
@@ -25,16 +25,37 @@ def token_level_rewards(scores: torch.Tensor, response_mask: torch.Tensor) -> to
 
 
 def compute_advantages(
-    scores: torch.Tensor, response_mask: torch.Tensor, group_ids: list[int], cfg: AlgorithmConfig
-) -> torch.Tensor:
-    rewards = token_level_rewards(scores, response_mask)
-    if cfg.adv_estimator in ("grpo", "dr_grpo"):
-        norm = cfg.norm_adv_by_std_in_grpo and cfg.adv_estimator == "grpo"
-        adv, _ = algos.compute_grpo_outcome_advantage(
-            rewards, response_mask, group_ids, norm_adv_by_std_in_grpo=norm
-        )
-        return adv
-    raise ValueError(f"unknown adv_estimator {cfg.adv_estimator!r}")  # validation stops this earlier
+    rewards: torch.Tensor,
+    mask: torch.Tensor,
+    group_ids: list[int],
+    cfg: AlgorithmConfig,
+    values: torch.Tensor | None = None,
+    baselines: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Dispatch on algorithm.adv_estimator. rewards, mask, values: [N, R]; baselines: [N]."""
+    est = cfg.adv_estimator
+    if est == "gae":
+        assert values is not None
+        return algos.compute_gae_advantage_return(rewards, values, mask, cfg.gamma, cfg.lam)
+    if est in ("grpo", "dr_grpo"):
+        norm = cfg.norm_adv_by_std_in_grpo and est == "grpo"
+        return algos.compute_grpo_outcome_advantage(rewards, mask, group_ids, norm_adv_by_std_in_grpo=norm)
+    if est == "rloo":
+        return algos.compute_rloo_outcome_advantage(rewards, mask, group_ids)
+    if est == "reinforce_plus_plus":
+        return algos.compute_reinforce_plus_plus_outcome_advantage(rewards, mask, cfg.gamma)
+    if est == "reinforce_plus_plus_baseline":
+        return algos.compute_reinforce_plus_plus_baseline_outcome_advantage(rewards, mask, group_ids)
+    if est == "remax":
+        assert baselines is not None
+        return algos.compute_remax_outcome_advantage(rewards, baselines, mask)
+    raise ValueError(f"unknown adv_estimator {est!r}")  # validation stops this earlier
+
+
+def make_kl_controller(cfg: AlgorithmConfig) -> algos.FixedKLController | algos.AdaptiveKLController:
+    if cfg.kl_ctrl_type == "adaptive":
+        return algos.AdaptiveKLController(cfg.kl_coef, cfg.kl_target, cfg.kl_horizon)
+    return algos.FixedKLController(cfg.kl_coef)
 
 
 def batched_log_probs(
@@ -52,32 +73,78 @@ def batched_log_probs(
     return torch.cat(outs) * rollout.response_mask
 
 
+def batched_values(backend, rollout: RolloutBatch, micro: int) -> torch.Tensor:
+    ids, mask, r = rollout.input_ids, rollout.attention_mask, rollout.response_ids.shape[1]
+    outs = []
+    with torch.no_grad(), backend.critic_mode():
+        for s in range(0, ids.shape[0], micro):
+            outs.append(backend.values(ids[s : s + micro], mask[s : s + micro], r).float().cpu())
+    return torch.cat(outs) * rollout.response_mask
+
+
 def make_experience(
     backend,
     rollout: RolloutBatch,
-    advantages: torch.Tensor,
+    scores: torch.Tensor,
+    group_ids: list[int],
     cfg: AlgorithmConfig,
+    kl_ctrl,
     micro: int,
     temperature: float,
-) -> Experience:
-    """Old log-probs are recomputed by the trainer unless the update is a single on-policy step
-    (one epoch, one mini-batch): then they equal the first forward of the update, detached."""
+    baselines: torch.Tensor | None = None,
+) -> tuple[Experience, dict[str, float]]:
+    """Old/reference log-probs, values, token rewards (with in-reward KL), advantages, IS weights.
+
+    Old log-probs are recomputed by the trainer unless the update is a single on-policy step with
+    nothing else needing them: then they equal the first forward of the update, detached.
+    """
+    mask = rollout.response_mask.float()
     on_policy = cfg.ppo_epochs == 1 and cfg.ppo_mini_batch_size == 0
-    old = None if on_policy else batched_log_probs(backend, rollout, micro, temperature, reference=False)
-    ref = batched_log_probs(backend, rollout, micro, temperature, reference=True) if cfg.use_kl_loss else None
-    return Experience(
+    need_old = not on_policy or cfg.use_kl_in_reward or cfg.rollout_correction != "none"
+    old = batched_log_probs(backend, rollout, micro, temperature, reference=False) if need_old else None
+    need_ref = cfg.use_kl_loss or cfg.use_kl_in_reward
+    ref = batched_log_probs(backend, rollout, micro, temperature, reference=True) if need_ref else None
+    values = batched_values(backend, rollout, micro) if cfg.adv_estimator == "gae" else None
+    metrics: dict[str, float] = {}
+    rewards = token_level_rewards(scores, mask)
+    if cfg.use_kl_in_reward:
+        assert old is not None and ref is not None
+        rewards, kl = algos.apply_kl_penalty(rewards, old, ref, mask, kl_ctrl.value, cfg.kl_penalty)
+        metrics.update({"actor/reward_kl": kl, "actor/kl_coef": kl_ctrl.value})
+        kl_ctrl.update(kl, n_steps=int(mask.shape[0]))
+    advantages, returns = compute_advantages(rewards, mask, group_ids, cfg, values, baselines)
+    is_weights = None
+    if cfg.rollout_correction != "none":
+        assert old is not None
+        is_weights, is_metrics = algos.compute_rollout_is_weights(
+            old, rollout.rollout_log_probs, mask, cfg.rollout_correction, cfg.rollout_is_threshold
+        )
+        metrics.update({f"rollout/{k}": float(v) for k, v in is_metrics.items()})
+    if old is not None:
+        gap = (old - rollout.rollout_log_probs).abs() * mask
+        metrics["rollout/logprob_gap_mean"] = float(gap.sum() / mask.sum().clamp(min=1))
+        metrics["rollout/logprob_gap_max"] = float(gap.max())
+    exp = Experience(
         input_ids=rollout.input_ids,
         attention_mask=rollout.attention_mask,
-        response_mask=rollout.response_mask.float(),
-        old_log_probs=old,  # type: ignore[arg-type]
+        response_mask=mask,
+        old_log_probs=old,
         ref_log_probs=ref,
         advantages=advantages,
         rollout_log_probs=rollout.rollout_log_probs,
+        values=values,
+        returns=returns if values is not None else None,
+        is_weights=is_weights,
     )
+    return exp, metrics
 
 
 def _mini_batches(num_rows: int, rows_per_mini: int) -> list[list[int]]:
     return [list(range(s, min(s + rows_per_mini, num_rows))) for s in range(0, num_rows, rows_per_mini)]
+
+
+def _micro_batches(mb: Experience, micro: int) -> list[Experience]:
+    return [mb.take(list(range(s, min(s + micro, mb.num_rows)))) for s in range(0, mb.num_rows, micro)]
 
 
 def ppo_update(
@@ -89,45 +156,35 @@ def ppo_update(
     backend.train_mode(True)
     for _ in range(cfg.ppo_epochs):
         for rows in _mini_batches(exp.num_rows, rows_per_mini):
-            metrics = _mini_batch_step(backend, exp.take(rows), cfg, micro, temperature)
-            for k, v in metrics.items():
+            for k, v in _actor_step(backend, exp.take(rows), cfg, micro, temperature).items():
                 sums[k] += v
             steps += 1
-    return {k: v / steps for k, v in sums.items()}
+    out = {k: v / steps for k, v in sums.items()}
+    out["actor/skipped_step"] = float(sums["actor/skipped_step"] > 0)
+    return out
 
 
-def _mini_batch_step(
+def _actor_step(
     backend, mb: Experience, cfg: AlgorithmConfig, micro: int, temperature: float
 ) -> dict[str, float]:
     tokens = float(mb.response_mask.sum())
-    seqs = float(mb.num_rows)
-    norm = {"global_tokens": max(tokens, 1.0), "global_seqs": seqs}
+    norm = {"global_tokens": max(tokens, 1.0), "global_seqs": float(mb.num_rows)}
     out: dict[str, float] = defaultdict(float)
-    for s in range(0, mb.num_rows, micro):
-        m = mb.take(list(range(s, min(s + micro, mb.num_rows))))
+    for m in _micro_batches(mb, micro):
         mask = m.response_mask.to(backend.device)
         share = float(m.response_mask.sum()) / max(tokens, 1.0)  # weight of token-mean metrics
         log_prob, entropy = backend.forward(
-            m.input_ids, m.attention_mask, m.response_length, temperature, with_entropy=True
+            m.input_ids, m.attention_mask, m.response_length, temperature, True
         )
         old = log_prob.detach() if m.old_log_probs is None else m.old_log_probs.to(log_prob.device)
-        adv = m.advantages.to(log_prob.device)
+        is_w = None if m.is_weights is None else m.is_weights.to(log_prob.device)
         pg_loss, pg_metrics = algos.compute_policy_loss(
-            old,
-            log_prob,
-            adv,
-            mask,
-            cfg.loss_agg_mode,
-            cfg.clip_ratio_low,
-            cfg.clip_ratio_high,
-            cfg.clip_ratio_c,
-            **norm,
-        )
-        loss = pg_loss
+            old, log_prob, m.advantages.to(log_prob.device), mask, cfg.loss_agg_mode,
+            cfg.clip_ratio_low, cfg.clip_ratio_high, cfg.clip_ratio_c, is_w, **norm,
+        )  # fmt: skip
         assert entropy is not None
         ent = algos.agg_loss(entropy, mask, cfg.loss_agg_mode, **norm)
-        if cfg.entropy_coeff:
-            loss = loss - cfg.entropy_coeff * ent
+        loss = pg_loss - cfg.entropy_coeff * ent if cfg.entropy_coeff else pg_loss
         if cfg.use_kl_loss and m.ref_log_probs is not None:
             kl = algos.kl_penalty(log_prob, m.ref_log_probs.to(log_prob.device), cfg.kl_loss_type)
             kl_loss = algos.agg_loss(kl, mask, cfg.loss_agg_mode, **norm)
@@ -139,10 +196,47 @@ def _mini_batch_step(
         out["actor/entropy"] += float(ent.detach())
         for k, v in pg_metrics.items():
             out[f"actor/{k}"] += float(v) * share
-        gap = (log_prob.detach().float().cpu() - m.rollout_log_probs).abs() * m.response_mask
-        out["rollout/logprob_gap_mean"] += float(gap.sum()) / max(tokens, 1.0)
-        out["rollout/logprob_gap_max"] = max(out["rollout/logprob_gap_max"], float(gap.max()))
+        if m.old_log_probs is None:  # on-policy: this forward is the trainer's view of the rollout
+            gap = (log_prob.detach().float().cpu() - m.rollout_log_probs).abs() * m.response_mask
+            out["rollout/logprob_gap_mean"] += float(gap.sum()) / max(tokens, 1.0)
+            out["rollout/logprob_gap_max"] = max(out["rollout/logprob_gap_max"], float(gap.max()))
     grad_norm = backend.step()
     out["actor/grad_norm"] = grad_norm
     out["actor/skipped_step"] = 0.0 if math.isfinite(grad_norm) and math.isfinite(out["actor/loss"]) else 1.0
     return dict(out)
+
+
+def critic_update(
+    backend, exp: Experience, cfg: AlgorithmConfig, critic: CriticConfig, rows_per_mini: int, micro: int
+) -> dict[str, float]:
+    """The value loss on the same mini-batches as the actor, with the critic's own optimizer."""
+    assert exp.values is not None and exp.returns is not None
+    sums: dict[str, float] = defaultdict(float)
+    steps = 0
+    with backend.critic_mode():
+        for _ in range(cfg.ppo_epochs):
+            for rows in _mini_batches(exp.num_rows, rows_per_mini):
+                mb = exp.take(rows)
+                norm = {
+                    "global_tokens": max(float(mb.response_mask.sum()), 1.0),
+                    "global_seqs": float(mb.num_rows),
+                }
+                for m in _micro_batches(mb, micro):
+                    dev = backend.device
+                    vpreds = backend.values(m.input_ids, m.attention_mask, m.response_length)
+                    assert m.values is not None and m.returns is not None
+                    loss, clipfrac = algos.compute_value_loss(
+                        vpreds, m.returns.to(dev), m.values.to(dev), m.response_mask.to(dev),
+                        critic.cliprange_value, cfg.loss_agg_mode, **norm,
+                    )  # fmt: skip
+                    backend.backward(loss)
+                    share = float(m.response_mask.sum()) / norm["global_tokens"]
+                    sums["critic/vf_loss"] += float(loss.detach())
+                    sums["critic/vf_clipfrac"] += float(clipfrac) * share
+                sums["critic/grad_norm"] += backend.critic_step()
+                steps += 1
+    out = {k: v / steps for k, v in sums.items()}
+    mask = exp.response_mask
+    out["critic/values_mean"] = float(algos.masked_mean(exp.values, mask))
+    out["critic/returns_mean"] = float(algos.masked_mean(exp.returns, mask))
+    return out

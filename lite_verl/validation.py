@@ -14,7 +14,17 @@ from lite_verl.errors import ConfigError, MissingDependency
 DTYPES = ("float32", "bfloat16", "float16")
 ENGINES = ("hf", "vllm")
 BACKENDS = ("lora", "qlora", "fsdp", "deepspeed")
-ADV_ESTIMATORS = ("grpo", "dr_grpo")
+ADV_ESTIMATORS = (
+    "gae",
+    "grpo",
+    "dr_grpo",
+    "rloo",
+    "reinforce_plus_plus",
+    "reinforce_plus_plus_baseline",
+    "remax",
+)
+GROUP_ESTIMATORS = ("grpo", "dr_grpo", "rloo", "reinforce_plus_plus_baseline")
+CORRECTIONS = ("none", "token", "sequence")
 KL_TYPES = ("kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3")
 LOSS_AGG_MODES = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
 SYNC_MODES = ("adapter", "merged")
@@ -107,7 +117,26 @@ def validate_config(cfg: Config) -> None:
         raise ConfigError(
             f"algorithm.ppo_mini_batch_size={a.ppo_mini_batch_size} must divide trainer.batch_size={tr.batch_size}"
         )
-    if a.adv_estimator in ("grpo", "dr_grpo") and r.n < 2:
+    _one_of("algorithm.kl_penalty", a.kl_penalty, KL_TYPES)
+    _one_of("algorithm.kl_ctrl_type", a.kl_ctrl_type, ("fixed", "adaptive"))
+    _one_of("algorithm.rollout_correction", a.rollout_correction, CORRECTIONS)
+    _positive("algorithm.kl_coef", a.kl_coef, allow_zero=True)
+    _positive("algorithm.kl_target", a.kl_target)
+    _positive("algorithm.kl_horizon", a.kl_horizon)
+    _positive("algorithm.rollout_is_threshold", a.rollout_is_threshold)
+    if not 0 <= a.gamma <= 1 or not 0 <= a.lam <= 1:
+        raise ConfigError(f"algorithm.gamma={a.gamma} and algorithm.lam={a.lam} must be in [0, 1]")
+    if a.use_kl_loss and a.use_kl_in_reward:
+        raise ConfigError("algorithm.use_kl_loss and algorithm.use_kl_in_reward are both on; pick one KL")
+    _positive("critic.lr", cfg.critic.lr)
+    _positive("critic.cliprange_value", cfg.critic.cliprange_value)
+    _positive("critic.warmup_steps", cfg.critic.warmup_steps, allow_zero=True)
+    if a.adv_estimator == "gae" and t.backend not in ("lora", "qlora"):
+        raise ConfigError(
+            f"algorithm.adv_estimator=gae needs a critic, which lite-verl builds as a second LoRA adapter; "
+            f"train.backend={t.backend} has none yet: use train.backend=lora or a critic-free estimator (grpo)"
+        )
+    if a.adv_estimator in GROUP_ESTIMATORS and r.n < 2:
         raise ConfigError(
             f"rollout.n={r.n}: {a.adv_estimator} compares responses within a group; set rollout.n >= 2"
         )

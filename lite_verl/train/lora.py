@@ -5,15 +5,15 @@ forward/backward/step are separate so that the update loop (loop.py) owns micro-
 
 from __future__ import annotations
 
-import json
 import math
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
 
 from lite_verl.algos import entropy_from_logits, log_probs_from_logits
 from lite_verl.batch import position_ids
-from lite_verl.config import TrainConfig
+from lite_verl.config import CriticConfig, TrainConfig
 from lite_verl.errors import ConfigError
 
 
@@ -29,7 +29,7 @@ class LoraBackend:
                 f"train.target_modules {missing} are not module names of this model; "
                 f"choose from e.g. {sorted(n for n in names if n.endswith('proj'))[:8]}"
             )
-        lora = LoraConfig(
+        self.lora_config = LoraConfig(
             r=cfg.lora_rank,
             lora_alpha=cfg.lora_alpha,
             lora_dropout=cfg.lora_dropout,
@@ -38,13 +38,61 @@ class LoraBackend:
         )
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(seed)  # LoRA A init
-            self.model = get_peft_model(base, lora)
+            self.model = get_peft_model(base, self.lora_config)
         if cfg.gradient_checkpointing:
             self.model.gradient_checkpointing_enable()
             self.model.enable_input_require_grads()
         self.params = [p for p in self.model.parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(self.params, lr=cfg.lr, weight_decay=cfg.weight_decay)
         self.grad_clip = cfg.grad_clip
+        self.value_head: torch.nn.Linear | None = None
+        self.critic_params: list[torch.nn.Parameter] = []
+        self.critic_optimizer: torch.optim.Optimizer | None = None
+
+    # --- critic: a second adapter on the same frozen base, plus a value head ----------------------
+    def enable_critic(self, cfg: CriticConfig) -> None:
+        """PPO's critic shares the actor's base weights: only its adapter and value head are new."""
+        self.model.add_adapter("critic", self.lora_config)
+        self.model.set_adapter("default")
+        hidden = self.model.get_base_model().config.hidden_size
+        self.value_head = torch.nn.Linear(hidden, 1).to(self.device, torch.float32)
+        torch.nn.init.zeros_(self.value_head.weight)  # V = 0 at the start: advantages = whitened returns
+        torch.nn.init.zeros_(self.value_head.bias)
+        adapter = [p for n, p in self.model.named_parameters() if ".critic." in n]
+        self.critic_params = adapter + list(self.value_head.parameters())
+        self.critic_optimizer = torch.optim.AdamW(self.critic_params, lr=cfg.lr, weight_decay=0.0)
+
+    @contextmanager
+    def critic_mode(self):
+        """The critic adapter is active (and trainable) inside; the actor's again after."""
+        self.model.set_adapter("critic")
+        try:
+            yield
+        finally:
+            self.model.set_adapter("default")
+
+    def values(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, response_length: int
+    ) -> torch.Tensor:
+        """V(s_t) [N, R]: the value of the state before each response token (verl's alignment).
+        Call inside `critic_mode()`."""
+        assert self.value_head is not None, "enable_critic() first"
+        input_ids, attention_mask = input_ids.to(self.device), attention_mask.to(self.device)
+        backbone = self.model.get_base_model().base_model  # the decoder without its LM head
+        out = backbone(
+            input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids(attention_mask)
+        )
+        hidden = out.last_hidden_state[:, -response_length - 1 : -1]
+        return self.value_head(hidden.float()).squeeze(-1)
+
+    def critic_step(self) -> float:
+        assert self.critic_optimizer is not None
+        max_norm = self.grad_clip if self.grad_clip > 0 else math.inf
+        norm = float(torch.nn.utils.clip_grad_norm_(self.critic_params, max_norm))
+        if math.isfinite(norm):
+            self.critic_optimizer.step()
+        self.critic_optimizer.zero_grad(set_to_none=True)
+        return norm
 
     # --- forward -------------------------------------------------------------------------------
     def forward(
@@ -102,8 +150,14 @@ class LoraBackend:
     # --- checkpoints ---------------------------------------------------------------------------
     def save(self, directory: Path) -> None:
         """Adapter (peft format, loadable by PeftModel.from_pretrained) + optimizer state."""
-        self.model.save_pretrained(directory / "adapter")
+        self.model.save_pretrained(directory / "adapter")  # the critic adapter goes to adapter/critic/
         torch.save(self.optimizer.state_dict(), directory / "optimizer.pt")
+        if self.value_head is not None and self.critic_optimizer is not None:
+            state = {
+                "value_head": self.value_head.state_dict(),
+                "optimizer": self.critic_optimizer.state_dict(),
+            }
+            torch.save(state, directory / "critic.pt")
 
     def load(self, directory: Path) -> None:
         from peft import set_peft_model_state_dict
@@ -117,12 +171,23 @@ class LoraBackend:
                 f"checkpoint {directory} does not match train.* LoRA settings ({len(unexpected)} keys)"
             )
         self.optimizer.load_state_dict(torch.load(directory / "optimizer.pt", weights_only=True))
+        if self.value_head is not None and self.critic_optimizer is not None:
+            if not (directory / "critic.pt").is_file():
+                raise ConfigError(f"checkpoint {directory} has no critic; it was not a gae run")
+            critic = load_file(str(directory / "adapter" / "critic" / "adapter_model.safetensors"))
+            set_peft_model_state_dict(self.model, critic, adapter_name="critic")
+            state = torch.load(directory / "critic.pt", weights_only=True)
+            self.value_head.load_state_dict(state["value_head"])
+            self.critic_optimizer.load_state_dict(state["optimizer"])
 
-    def trainable_summary(self) -> dict[str, int]:
-        trainable = sum(p.numel() for p in self.params)
-        total = sum(p.numel() for p in self.model.parameters())
-        return {"trainable_params": trainable, "total_params": total}
-
-
-def adapter_config(directory: Path) -> dict:
-    return json.loads((directory / "adapter" / "adapter_config.json").read_text())
+    def parameter_bytes(self) -> int:
+        """Bytes of distinct parameter storage (shared tensors counted once), value head included."""
+        seen, total = set(), 0
+        modules = [self.model] + ([self.value_head] if self.value_head is not None else [])
+        for module in modules:
+            for p in module.parameters():
+                key = p.untyped_storage().data_ptr()
+                if key not in seen:
+                    seen.add(key)
+                    total += p.untyped_storage().nbytes()
+        return total
