@@ -44,7 +44,11 @@ def measure(name: str, base: torch.nn.Module) -> None:
     ]:
         unit = "ratio" if metric.endswith("over_base") else "bytes"
         append("critic_memory", name, settings, metric, float(value), unit, cmd)
-        print(f"{name:<32} {metric:<40} {value:,.4f}" if unit == "ratio" else f"{name:<32} {metric:<40} {value:,}")
+        print(
+            f"{name:<32} {metric:<40} {value:,.4f}"
+            if unit == "ratio"
+            else f"{name:<32} {metric:<40} {value:,}"
+        )
 
 
 def main() -> None:
@@ -54,7 +58,9 @@ def main() -> None:
 
     measure("tiny:qwen2 (fp32)", AutoModelForCausalLM.from_pretrained(resolve_tiny("tiny:qwen2")))
     config = Qwen2Config(**QWEN25_05B)
-    measure("Qwen2.5-0.5B shape (bf16, random)", AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16))
+    measure(
+        "Qwen2.5-0.5B shape (bf16, random)", AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
+    )
     REPORT.write_text(render())
 
 

@@ -237,6 +237,13 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("lite-verl: interrupted", file=sys.stderr)
         return 130
+    except Exception as e:
+        from lite_verl.loop import Interrupted
+
+        if isinstance(e, Interrupted):
+            print(f"lite-verl: {e}", file=sys.stderr)
+            return e.exit_code
+        raise
 
 
 if __name__ == "__main__":

@@ -12,6 +12,9 @@ from __future__ import annotations
 
 import json
 import math
+import signal
+import sys
+import threading
 import time
 import warnings
 from dataclasses import dataclass
@@ -36,6 +39,45 @@ MAX_SKIPPED_STEPS = 5  # non-finite losses in a row before the run stops
 
 class TrainingDiverged(UserError):
     """The loss or gradients stayed non-finite; the message suggests the fix."""
+
+
+class Interrupted(Exception):
+    """SIGINT/SIGTERM: the step in flight finished, a checkpoint was written, the run stopped."""
+
+    def __init__(self, signum: int, step: int) -> None:
+        self.exit_code = 128 + signum
+        super().__init__(
+            f"stopped by {signal.Signals(signum).name} after step {step}; a checkpoint was written"
+        )
+
+
+class StopRequest:
+    """First SIGINT/SIGTERM asks the loop to stop after the current step; a second one stops at once."""
+
+    def __init__(self) -> None:
+        self.signum: int | None = None
+        self._old: dict[int, Any] = {}
+
+    def __enter__(self) -> StopRequest:
+        if threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                self._old[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def _handle(self, signum: int, frame: Any) -> None:
+        if self.signum is not None:
+            raise KeyboardInterrupt
+        self.signum = signum
+        print(
+            f"\nlite-verl: {signal.Signals(signum).name}: finishing this step and writing a checkpoint "
+            "(send it again to stop at once)",
+            file=sys.stderr,
+            flush=True,
+        )
+
+    def __exit__(self, *exc: Any) -> None:
+        for sig, handler in self._old.items():
+            signal.signal(sig, handler)
 
 
 @dataclass
@@ -199,37 +241,40 @@ def run_training(session: Session, run: RunDir, resume: bool = False) -> dict[st
     if not resume and cfg.data.val_size:
         log.log(0, validate(session, 0))
     progress = Progress(tr.total_steps, start - 1, enabled=tr.progress)
-    skipped = 0
+    stop = StopRequest()
     try:
-        for step in range(start, tr.total_steps + 1):
-            metrics = train_step(session, sampler, step, ledger)
-            skipped = skipped + 1 if metrics.get("actor/skipped_step") else 0
-            if skipped:
-                warnings.warn(
-                    f"step {step}: non-finite loss or gradient; the update was skipped", stacklevel=1
-                )
-            if skipped >= MAX_SKIPPED_STEPS:
-                raise TrainingDiverged(
-                    f"{skipped} steps in a row had a non-finite loss; lower train.lr or check the reward scale"
-                )
-            if tr.val_every and step % tr.val_every == 0 and step != tr.total_steps:
-                metrics.update(validate(session, step))
-            log.log(step, metrics)
-            progress.update(step, metrics)
-            if (tr.save_every and step % tr.save_every == 0) or step == tr.total_steps:
-                state = {
-                    "consumed": sampler.consumed,
-                    "ledger": ledger.state(),
-                    "kl_coef": session.kl_ctrl.value,
-                }
-                run.save_checkpoint(step, session.backend, state, tr.keep_checkpoints)
-        final_val = validate(session, tr.total_steps) if cfg.data.val_size else {}
-        if final_val:
-            log.log(tr.total_steps, final_val)
+        with stop:
+            _steps(session, run, sampler, ledger, log, progress, start, stop)
+        if cfg.data.val_size:
+            log.log(tr.total_steps, validate(session, tr.total_steps))
     finally:
         progress.close()
         log.close()
     return _finish(session, run, ledger)
+
+
+def _steps(session, run, sampler, ledger, log, progress, start: int, stop: StopRequest) -> None:
+    tr = session.cfg.trainer
+    skipped = 0
+    for step in range(start, tr.total_steps + 1):
+        metrics = train_step(session, sampler, step, ledger)
+        skipped = skipped + 1 if metrics.get("actor/skipped_step") else 0
+        if skipped:
+            warnings.warn(f"step {step}: non-finite loss or gradient; the update was skipped", stacklevel=1)
+        if skipped >= MAX_SKIPPED_STEPS:
+            raise TrainingDiverged(
+                f"{skipped} steps in a row had a non-finite loss; lower train.lr or check the reward scale"
+            )
+        if tr.val_every and step % tr.val_every == 0 and step != tr.total_steps:
+            metrics.update(validate(session, step))
+        log.log(step, metrics)
+        progress.update(step, metrics)
+        last = step == tr.total_steps
+        if (tr.save_every and step % tr.save_every == 0) or last or stop.signum is not None:
+            state = {"consumed": sampler.consumed, "ledger": ledger.state(), "kl_coef": session.kl_ctrl.value}
+            run.save_checkpoint(step, session.backend, state, tr.keep_checkpoints)
+        if stop.signum is not None and not last:
+            raise Interrupted(stop.signum, step)
 
 
 def _finish(session: Session, run: RunDir, ledger: Ledger) -> dict[str, Any]:

@@ -109,8 +109,11 @@ class RunDir:
 
     # --- checkpoints -----------------------------------------------------------------------------
     def latest_checkpoint(self) -> Path | None:
+        """The newest complete checkpoint; temp dirs of an interrupted save (.step_*) are removed."""
         if not self.checkpoints.is_dir():
             return None
+        for stale in self.checkpoints.glob(".step_*"):
+            shutil.rmtree(stale, ignore_errors=True)
         done = sorted(p for p in self.checkpoints.glob("step_*") if (p / "state.json").is_file())
         return done[-1] if done else None
 
@@ -164,10 +167,11 @@ class MetricsLog:
     def __init__(self, run: Path, tensorboard: bool, resume_step: int | None = None) -> None:
         self.file = run / "metrics.jsonl"
         if resume_step is not None and self.file.exists():
+            # rows after the checkpoint are redone; a row cut short by a kill is dropped
             kept = [
                 line
                 for line in self.file.read_text().splitlines()
-                if line.strip() and json.loads(line).get("step", 0) <= resume_step
+                if _step_of(line, resume_step + 1) <= resume_step
             ]
             atomic_write_text(self.file, "".join(line + "\n" for line in kept))
         self.tb = None
@@ -195,8 +199,22 @@ class MetricsLog:
             self.tb.close()
 
 
+def _step_of(line: str, default: int) -> int:
+    try:
+        return int(json.loads(line).get("step", default))
+    except (json.JSONDecodeError, AttributeError, TypeError, ValueError):
+        return default
+
+
 def read_metrics(run: Path) -> list[dict[str, Any]]:
+    """Rows of metrics.jsonl; a last line cut short by a kill is skipped."""
     f = Path(run) / "metrics.jsonl"
     if not f.exists():
         return []
-    return [json.loads(line) for line in f.read_text().splitlines() if line.strip()]
+    rows = []
+    for line in f.read_text().splitlines():
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue
+    return rows
