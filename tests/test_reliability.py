@@ -12,7 +12,6 @@ import time
 from pathlib import Path
 
 import pytest
-
 from test_cli import cli, metrics
 
 COMMON = ["--set", "trainer.batch_size=4", "--set", "rollout.n=4", "--set", "data.val_size=4",
