@@ -121,6 +121,10 @@ class CriticConfig:
 @dataclass(frozen=True)
 class RewardConfig:
     function: str = ""  # module:function or path/to/file.py:function; empty = rule by data_source
+    isolate: bool = True  # run reward.function in a worker process (a crash or hang cannot take the run down)
+    timeout_s: float = 30.0  # per-sample time limit for reward.function (isolated only)
+    on_error: str = "raise"  # raise | default: what a raising, crashing or hanging reward.function does
+    default_score: float = 0.0  # the score given on a failure when on_error=default
     device: str = "cpu"  # where a reward model runs: cpu or cuda:N
 
 

@@ -32,7 +32,7 @@ from lite_verl.errors import UserError
 from lite_verl.rewards import RewardFn, load_reward_function, score_batch
 from lite_verl.rollout.base import SamplingSettings
 from lite_verl.rundir import MetricsLog, RunDir, read_metrics, set_rng_state
-from lite_verl.update import critic_update, make_experience, make_kl_controller, ppo_update
+from lite_verl.update import MicroBatchSize, critic_update, make_experience, make_kl_controller, ppo_update
 
 MAX_SKIPPED_STEPS = 5  # non-finite losses in a row before the run stops
 
@@ -90,6 +90,8 @@ class Session:
     val_set: PromptSet
     reward_fn: RewardFn
     kl_ctrl: Any  # in-reward KL coefficient controller (algos.FixedKLController / AdaptiveKLController)
+    reward_worker: Any = None  # reward_worker.RewardWorker for an isolated reward.function
+    micro: MicroBatchSize | None = None  # train.micro_batch_size, halved after an out-of-memory
 
 
 def prepare(cfg: Config) -> Session:
@@ -110,7 +112,14 @@ def prepare(cfg: Config) -> Session:
         backend.enable_critic(cfg.critic)
     engine = HFRolloutEngine(backend.model, tokenizer, device)
     kl_ctrl = make_kl_controller(cfg.algorithm)
-    return Session(cfg, tokenizer, backend, engine, train_set, val_set, reward_fn, kl_ctrl)
+    worker = None
+    if cfg.reward.function and cfg.reward.isolate:
+        from lite_verl.reward_worker import RewardWorker
+
+        w = cfg.reward
+        worker = RewardWorker(w.function, w.timeout_s, w.on_error, w.default_score)
+    micro = MicroBatchSize(cfg.train.micro_batch_size)
+    return Session(cfg, tokenizer, backend, engine, train_set, val_set, reward_fn, kl_ctrl, worker, micro)
 
 
 def step_seed(seed: int, step: int) -> int:
@@ -121,6 +130,9 @@ def score(
     session: Session, rows_idx: list[int], prompts: PromptSet, texts: list[str], n: int
 ) -> torch.Tensor:
     rows = [prompts.rows[i] for i in rows_idx for _ in range(n)]
+    if session.reward_worker is not None:
+        items = [(r.data_source, t, r.ground_truth, r.extra_info) for r, t in zip(rows, texts)]
+        return torch.tensor(session.reward_worker.score(items), dtype=torch.float32)
     name = session.cfg.reward.function or "the rule reward"
     values = score_batch(
         session.reward_fn,
@@ -178,7 +190,8 @@ def train_step(session: Session, sampler: PromptSampler, step: int, ledger: Ledg
         scores = score(session, rows_idx, session.train_set, texts, r.n)
     t2 = time.perf_counter()
     group_ids = [i for i in range(len(rows_idx)) for _ in range(r.n)]
-    micro = cfg.train.micro_batch_size
+    micro = session.micro
+    assert micro is not None
     rows_per_mini = (a.ppo_mini_batch_size or cfg.trainer.batch_size) * r.n
     with ledger.busy_on("train"):
         exp, metrics = make_experience(
@@ -192,6 +205,7 @@ def train_step(session: Session, sampler: PromptSampler, step: int, ledger: Ledg
     sync_s = session.engine.sync_weights(step)
     t4 = time.perf_counter()
     metrics.update(_rollout_metrics(rollout, scores))
+    metrics["train/micro_batch_size"] = float(micro.value)
     gen_tokens, all_tokens = float(rollout.response_mask.sum()), float(rollout.attention_mask.sum())
     metrics.update(
         {
@@ -250,6 +264,8 @@ def run_training(session: Session, run: RunDir, resume: bool = False) -> dict[st
     finally:
         progress.close()
         log.close()
+        if session.reward_worker is not None:
+            session.reward_worker.close()
     return _finish(session, run, ledger)
 
 

@@ -107,9 +107,14 @@ def score_batch(
             ) from None
         if isinstance(value, dict):
             value = value.get("score")
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-            raise RewardError(
-                f"{name} returned {value!r} on sample {i} (data_source {src!r}); it must return a finite float"
-            )
-        scores.append(float(value))
+        scores.append(check_value(value, i, src, name))
     return scores
+
+
+def check_value(value: Any, i: int, data_source: str, name: str) -> float:
+    """A reward must be a finite number; anything else is a RewardError naming the sample."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise RewardError(
+            f"{name} returned {value!r} on sample {i} (data_source {data_source!r}); it must return a finite float"
+        )
+    return float(value)

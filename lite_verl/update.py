@@ -7,13 +7,47 @@ count of its whole mini-batch, so micro_batch_size changes memory, never the gra
 from __future__ import annotations
 
 import math
+import sys
 from collections import defaultdict
+from collections.abc import Callable
+from typing import TypeVar
 
 import torch
 
 from lite_verl import algos
 from lite_verl.batch import Experience, RolloutBatch
 from lite_verl.config import AlgorithmConfig, CriticConfig
+from lite_verl.errors import UserError
+
+T = TypeVar("T")
+
+
+class MicroBatchSize:
+    """train.micro_batch_size as the run goes: halved (for the rest of the run) after an out-of-memory.
+
+    Halving changes only how a mini-batch is split, so the maths stays the same.
+    """
+
+    def __init__(self, size: int) -> None:
+        self.value = size
+
+    def retry_on_oom(self, fn: Callable[[int], T], zero_grad: Callable[[], None]) -> T:
+        """Run fn(micro); on OOM clear the partial gradients, halve and run it again."""
+        while True:
+            try:
+                return fn(self.value)
+            except torch.OutOfMemoryError:
+                zero_grad()
+                if torch.cuda.is_available():
+                    torch.cuda.empty_cache()
+                if self.value == 1:
+                    raise UserError(
+                        "out of memory with train.micro_batch_size=1; lower rollout.max_new_tokens, set "
+                        "train.gradient_checkpointing=true or use a smaller model"
+                    ) from None
+                self.value //= 2
+                print(f"lite-verl: warning: out of memory; train.micro_batch_size halved to {self.value}, retrying",
+                      file=sys.stderr, flush=True)  # fmt: skip
 
 
 def token_level_rewards(scores: torch.Tensor, response_mask: torch.Tensor) -> torch.Tensor:
@@ -89,7 +123,7 @@ def make_experience(
     group_ids: list[int],
     cfg: AlgorithmConfig,
     kl_ctrl,
-    micro: int,
+    micro: MicroBatchSize,
     temperature: float,
     baselines: torch.Tensor | None = None,
 ) -> tuple[Experience, dict[str, float]]:
@@ -101,10 +135,17 @@ def make_experience(
     mask = rollout.response_mask.float()
     on_policy = cfg.ppo_epochs == 1 and cfg.ppo_mini_batch_size == 0
     need_old = not on_policy or cfg.use_kl_in_reward or cfg.rollout_correction != "none"
-    old = batched_log_probs(backend, rollout, micro, temperature, reference=False) if need_old else None
     need_ref = cfg.use_kl_loss or cfg.use_kl_in_reward
-    ref = batched_log_probs(backend, rollout, micro, temperature, reference=True) if need_ref else None
-    values = batched_values(backend, rollout, micro) if cfg.adv_estimator == "gae" else None
+
+    def forward(m: int, reference: bool) -> torch.Tensor:
+        return batched_log_probs(backend, rollout, m, temperature, reference=reference)
+
+    nothing = backend.zero_grad
+    old = micro.retry_on_oom(lambda m: forward(m, False), nothing) if need_old else None
+    ref = micro.retry_on_oom(lambda m: forward(m, True), nothing) if need_ref else None
+    values = None
+    if cfg.adv_estimator == "gae":
+        values = micro.retry_on_oom(lambda m: batched_values(backend, rollout, m), nothing)
     metrics: dict[str, float] = {}
     rewards = token_level_rewards(scores, mask)
     if cfg.use_kl_in_reward:
@@ -148,7 +189,12 @@ def _micro_batches(mb: Experience, micro: int) -> list[Experience]:
 
 
 def ppo_update(
-    backend, exp: Experience, cfg: AlgorithmConfig, rows_per_mini: int, micro: int, temperature: float
+    backend,
+    exp: Experience,
+    cfg: AlgorithmConfig,
+    rows_per_mini: int,
+    micro: MicroBatchSize,
+    temperature: float,
 ) -> dict[str, float]:
     """cfg.ppo_epochs passes; one optimizer step per mini-batch; gradient accumulation over micro-batches."""
     sums: dict[str, float] = defaultdict(float)
@@ -156,7 +202,11 @@ def ppo_update(
     backend.train_mode(True)
     for _ in range(cfg.ppo_epochs):
         for rows in _mini_batches(exp.num_rows, rows_per_mini):
-            for k, v in _actor_step(backend, exp.take(rows), cfg, micro, temperature).items():
+            mb = exp.take(rows)
+            metrics = micro.retry_on_oom(
+                lambda m, mb=mb: _actor_step(backend, mb, cfg, m, temperature), backend.zero_grad
+            )
+            for k, v in metrics.items():
                 sums[k] += v
             steps += 1
     out = {k: v / steps for k, v in sums.items()}
@@ -207,36 +257,50 @@ def _actor_step(
 
 
 def critic_update(
-    backend, exp: Experience, cfg: AlgorithmConfig, critic: CriticConfig, rows_per_mini: int, micro: int
+    backend,
+    exp: Experience,
+    cfg: AlgorithmConfig,
+    critic: CriticConfig,
+    rows_per_mini: int,
+    micro: MicroBatchSize,
 ) -> dict[str, float]:
     """The value loss on the same mini-batches as the actor, with the critic's own optimizer."""
-    assert exp.values is not None and exp.returns is not None
     sums: dict[str, float] = defaultdict(float)
     steps = 0
     with backend.critic_mode():
         for _ in range(cfg.ppo_epochs):
             for rows in _mini_batches(exp.num_rows, rows_per_mini):
                 mb = exp.take(rows)
-                norm = {
-                    "global_tokens": max(float(mb.response_mask.sum()), 1.0),
-                    "global_seqs": float(mb.num_rows),
-                }
-                for m in _micro_batches(mb, micro):
-                    dev = backend.device
-                    vpreds = backend.values(m.input_ids, m.attention_mask, m.response_length)
-                    assert m.values is not None and m.returns is not None
-                    loss, clipfrac = algos.compute_value_loss(
-                        vpreds, m.returns.to(dev), m.values.to(dev), m.response_mask.to(dev),
-                        critic.cliprange_value, cfg.loss_agg_mode, **norm,
-                    )  # fmt: skip
-                    backend.backward(loss)
-                    share = float(m.response_mask.sum()) / norm["global_tokens"]
-                    sums["critic/vf_loss"] += float(loss.detach())
-                    sums["critic/vf_clipfrac"] += float(clipfrac) * share
-                sums["critic/grad_norm"] += backend.critic_step()
+                metrics = micro.retry_on_oom(
+                    lambda m, mb=mb: _critic_step(backend, mb, cfg, critic, m), backend.zero_critic_grad
+                )
+                for k, v in metrics.items():
+                    sums[k] += v
                 steps += 1
     out = {k: v / steps for k, v in sums.items()}
     mask = exp.response_mask
+    assert exp.values is not None and exp.returns is not None
     out["critic/values_mean"] = float(algos.masked_mean(exp.values, mask))
     out["critic/returns_mean"] = float(algos.masked_mean(exp.returns, mask))
     return out
+
+
+def _critic_step(
+    backend, mb: Experience, cfg: AlgorithmConfig, critic: CriticConfig, micro: int
+) -> dict[str, float]:
+    norm = {"global_tokens": max(float(mb.response_mask.sum()), 1.0), "global_seqs": float(mb.num_rows)}
+    out: dict[str, float] = defaultdict(float)
+    dev = backend.device
+    for m in _micro_batches(mb, micro):
+        assert m.values is not None and m.returns is not None
+        vpreds = backend.values(m.input_ids, m.attention_mask, m.response_length)
+        loss, clipfrac = algos.compute_value_loss(
+            vpreds, m.returns.to(dev), m.values.to(dev), m.response_mask.to(dev),
+            critic.cliprange_value, cfg.loss_agg_mode, **norm,
+        )  # fmt: skip
+        backend.backward(loss)
+        share = float(m.response_mask.sum()) / norm["global_tokens"]
+        out["critic/vf_loss"] += float(loss.detach())
+        out["critic/vf_clipfrac"] += float(clipfrac) * share
+    out["critic/grad_norm"] = backend.critic_step()
+    return dict(out)

@@ -145,6 +145,10 @@ def validate_config(cfg: Config) -> None:
         raise ConfigError(
             f"reward.function={w.function!r} must be module:function or path/to/file.py:function"
         )
+    _positive("reward.timeout_s", w.timeout_s)
+    _one_of("reward.on_error", w.on_error, ("raise", "default"))
+    if w.on_error == "default" and not w.isolate:
+        raise ConfigError("reward.on_error=default needs reward.isolate=true (a worker process to restart)")
     if w.device != "cpu" and not (w.device.startswith("cuda:") and w.device[5:].isdigit()):
         raise ConfigError(f"reward.device={w.device!r} must be cpu or cuda:N")
     _one_of("sync.mode", cfg.sync.mode, SYNC_MODES)

@@ -85,6 +85,10 @@ class LoraBackend:
         hidden = out.last_hidden_state[:, -response_length - 1 : -1]
         return self.value_head(hidden.float()).squeeze(-1)
 
+    def zero_critic_grad(self) -> None:
+        if self.critic_optimizer is not None:
+            self.critic_optimizer.zero_grad(set_to_none=True)
+
     def critic_step(self) -> float:
         assert self.critic_optimizer is not None
         max_norm = self.grad_clip if self.grad_clip > 0 else math.inf
