@@ -34,6 +34,7 @@ def resolve_model_path(cfg: ModelConfig) -> Path:
         raise ModelError(
             f"model.path={cfg.path!r} has no config.json; it is not a Hugging Face model directory"
         )
+    check_causal_lm(path)
     return path
 
 
@@ -74,7 +75,6 @@ def load_model(path: Path, cfg: ModelConfig, device: torch.device):
 
     from lite_verl.device import torch_dtype
 
-    check_causal_lm(path)
     model = AutoModelForCausalLM.from_pretrained(
         path, dtype=torch_dtype(cfg.dtype), trust_remote_code=cfg.trust_remote_code
     )

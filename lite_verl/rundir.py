@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 import platform
 import random
@@ -191,7 +192,7 @@ class MetricsLog:
             os.fsync(f.fileno())
         if self.tb is not None:
             for k, v in metrics.items():
-                if isinstance(v, (int, float)):
+                if isinstance(v, (int, float)) and math.isfinite(v):
                     self.tb.add_scalar(k, v, step)
 
     def close(self) -> None:

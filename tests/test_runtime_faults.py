@@ -1,0 +1,111 @@
+"""Runtime faults: non-finite losses are skipped then stop the run; out-of-memory halves the micro-batch
+(with the same maths); a failing reward can be scored with a default instead of stopping."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from lite_verl.config import load_config
+from lite_verl.cost import Ledger
+from lite_verl.data.loader import PromptSampler
+from lite_verl.loop import TrainingDiverged, prepare, run_training, train_step
+from lite_verl.rundir import RunDir, read_metrics
+
+SMALL = ["trainer.batch_size=4", "rollout.n=4", "data.task_size=64", "data.val_size=0", "trainer.progress=false",
+         "rollout.max_new_tokens=8"]  # fmt: skip
+
+
+def _poison(backend, steps_to_poison: set[int], counter: list[int]):
+    """Make the trainer's log-probs NaN on chosen training steps (a stand-in for a numerical blow-up)."""
+    real = backend.forward
+
+    def forward(*args, **kwargs):
+        lp, ent = real(*args, **kwargs)
+        if torch.is_grad_enabled() and counter[0] in steps_to_poison:
+            lp = lp * float("nan")
+        return lp, ent
+
+    backend.forward = forward
+
+
+def test_nan_loss_skips_the_step_then_stops_the_run(tmp_path):
+    cfg = load_config("laptop", None, [*SMALL, "trainer.total_steps=8"])
+    session = prepare(cfg)
+    counter = [0]
+    _poison(session.backend, set(range(1, 100)), counter)
+    real_step = session.backend.step
+
+    def step():
+        counter[0] += 1
+        return real_step()
+
+    before = [p.detach().clone() for p in session.backend.params]
+    session.backend.step = step
+    run = RunDir(tmp_path / "run")
+    run.create(cfg)
+    with pytest.warns(UserWarning, match="non-finite loss or gradient; the update was skipped"):
+        with pytest.raises(TrainingDiverged, match="5 steps in a row had a non-finite loss; lower train.lr"):
+            run_training(session, run)
+    rows = [m for m in read_metrics(run.path) if "reward/mean" in m]
+    assert [m["actor/skipped_step"] for m in rows] == [0.0, 1.0, 1.0, 1.0, 1.0]  # the 5th skip stops the run
+    after = session.backend.params
+    # weights changed by the one good step only, and hold no NaN
+    assert all(torch.isfinite(p).all() for p in after)
+    assert any(not torch.equal(a, b) for a, b in zip(after, before))
+
+
+def _steps(micro: int, oom_above: int | None) -> list[dict]:
+    cfg = load_config("laptop", None, [*SMALL, f"train.micro_batch_size={micro}"])
+    session = prepare(cfg)
+    if oom_above is not None:
+        real = session.backend.forward
+
+        def forward(input_ids, *args, **kwargs):
+            if input_ids.shape[0] > oom_above:
+                raise torch.OutOfMemoryError("CUDA out of memory (simulated)")
+            return real(input_ids, *args, **kwargs)
+
+        session.backend.forward = forward
+    sampler = PromptSampler(len(session.train_set), 4, 0, True)
+    ledger = Ledger.from_config(cfg)
+    return [train_step(session, sampler, s, ledger) for s in (1, 2)]
+
+
+def test_out_of_memory_halves_the_micro_batch_and_keeps_the_maths(capsys):
+    reference = _steps(4, None)
+    halved = _steps(16, oom_above=4)
+    assert "train.micro_batch_size halved to 8" in capsys.readouterr().err
+    assert halved[0]["train/micro_batch_size"] == 4.0
+    for a, b in zip(reference, halved):
+        assert a["reward/mean"] == b["reward/mean"]
+        assert a["actor/loss"] == pytest.approx(b["actor/loss"], rel=1e-5, abs=1e-7)
+        assert a["actor/grad_norm"] == pytest.approx(b["actor/grad_norm"], rel=1e-4)
+
+
+def test_out_of_memory_at_micro_batch_one_is_a_clear_error():
+    from lite_verl.errors import UserError
+
+    with pytest.raises(UserError, match="out of memory with train.micro_batch_size=1"):
+        _steps(2, oom_above=0)
+
+
+def test_reward_failures_scored_with_the_default(tmp_path, capsys):
+    f = tmp_path / "flaky.py"
+    f.write_text(
+        "import os\n"
+        "def score(ds, text, gt, extra=None):\n"
+        "    if extra['index'] % 3 == 0:\n        os._exit(1)\n"
+        "    if extra['index'] % 3 == 1:\n        raise ValueError('nope')\n"
+        "    return 1.0\n"
+    )
+    cfg = load_config("laptop", None, [*SMALL, "trainer.total_steps=1", f"reward.function={f}:score",
+                                       "reward.on_error=default", "reward.default_score=-1"])  # fmt: skip
+    session = prepare(cfg)
+    run = RunDir(tmp_path / "run")
+    run.create(cfg)
+    run_training(session, run)
+    err = capsys.readouterr().err
+    assert "crashed its worker process" in err and "raised ValueError: nope" in err
+    row = [m for m in read_metrics(run.path) if "reward/mean" in m][0]
+    assert -1.0 < row["reward/mean"] < 1.0 and row["reward/max"] == 1.0
