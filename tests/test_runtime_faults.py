@@ -44,9 +44,11 @@ def test_nan_loss_skips_the_step_then_stops_the_run(tmp_path):
     session.backend.step = step
     run = RunDir(tmp_path / "run")
     run.create(cfg)
-    with pytest.warns(UserWarning, match="non-finite loss or gradient; the update was skipped"):
-        with pytest.raises(TrainingDiverged, match="5 steps in a row had a non-finite loss; lower train.lr"):
-            run_training(session, run)
+    with (
+        pytest.warns(UserWarning, match="non-finite loss or gradient; the update was skipped"),
+        pytest.raises(TrainingDiverged, match="5 steps in a row had a non-finite loss; lower train.lr"),
+    ):
+        run_training(session, run)
     rows = [m for m in read_metrics(run.path) if "reward/mean" in m]
     assert [m["actor/skipped_step"] for m in rows] == [0.0, 1.0, 1.0, 1.0, 1.0]  # the 5th skip stops the run
     after = session.backend.params
