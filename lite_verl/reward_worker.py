@@ -18,12 +18,15 @@ from lite_verl.rewards import check_value, load_reward_function
 
 
 def _serve(spec: str, conn) -> None:  # pragma: no cover - runs in the child process
-    fn = load_reward_function(spec)
+    try:
+        _serve_forever(load_reward_function(spec), conn)
+    except (EOFError, OSError, KeyboardInterrupt):
+        return  # the controller went away or stopped us: leave quietly
+
+
+def _serve_forever(fn, conn) -> None:  # pragma: no cover - runs in the child process
     while True:
-        try:
-            items = conn.recv()
-        except EOFError:
-            return
+        items = conn.recv()
         if items is None:
             return
         for i, (src, text, gt, extra) in enumerate(items):
@@ -31,9 +34,10 @@ def _serve(spec: str, conn) -> None:  # pragma: no cover - runs in the child pro
                 value = fn(src, text, gt, extra)
                 if isinstance(value, dict):
                     value = value.get("score")
-                conn.send(("ok", i, value if isinstance(value, (int, float, type(None))) else repr(value)))
+                answer = ("ok", i, value if isinstance(value, (int, float, type(None))) else repr(value))
             except Exception as e:  # noqa: BLE001 - the user's function may raise anything
-                conn.send(("err", i, f"{type(e).__name__}: {e}"))
+                answer = ("err", i, f"{type(e).__name__}: {e}")
+            conn.send(answer)
 
 
 class RewardWorker:
