@@ -58,6 +58,7 @@ class RolloutConfig:
     gpus: tuple[int, ...] = ()  # local GPU ids for rollout; empty = CPU
     gpu_memory_utilization: float = 0.5  # vLLM: fraction of each rollout GPU it may take
     quantization: str = "none"  # none | awq: weights the rollout engine serves
+    enforce_eager: bool = False  # vLLM: no CUDA graphs / compile (faster start, slower decode)
 
 
 @dataclass(frozen=True)
@@ -131,6 +132,7 @@ class RewardConfig:
 @dataclass(frozen=True)
 class SyncConfig:
     mode: str = "adapter"  # adapter (push LoRA tensors) | merged (merge, load full weights)
+    bucket_mb: int = 512  # merged sync: weights move in buckets of about this size
 
 
 @dataclass(frozen=True)

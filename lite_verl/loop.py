@@ -110,7 +110,12 @@ def prepare(cfg: Config) -> Session:
     backend = LoraBackend(base, cfg.train, device, cfg.trainer.seed)
     if cfg.algorithm.adv_estimator == "gae":
         backend.enable_critic(cfg.critic)
-    engine = HFRolloutEngine(backend.model, tokenizer, device)
+    if cfg.rollout.engine == "vllm":
+        from lite_verl.rollout.vllm_engine import VLLMRolloutEngine
+
+        engine = VLLMRolloutEngine(cfg, path, tokenizer, backend)
+    else:
+        engine = HFRolloutEngine(backend.model, tokenizer, device)
     kl_ctrl = make_kl_controller(cfg.algorithm)
     worker = None
     if cfg.reward.function and cfg.reward.isolate:
@@ -193,6 +198,8 @@ def train_step(session: Session, sampler: PromptSampler, step: int, ledger: Ledg
     micro = session.micro
     assert micro is not None
     rows_per_mini = (a.ppo_mini_batch_size or cfg.trainer.batch_size) * r.n
+    if hasattr(session.engine, "sleep"):
+        session.engine.sleep()  # colocated vLLM frees its KV cache for the trainer
     with ledger.busy_on("train"):
         exp, metrics = make_experience(
             session.backend, rollout, scores, group_ids, a, session.kl_ctrl, micro, r.temperature, baselines
@@ -266,6 +273,8 @@ def run_training(session: Session, run: RunDir, resume: bool = False) -> dict[st
         log.close()
         if session.reward_worker is not None:
             session.reward_worker.close()
+        if hasattr(session.engine, "close"):
+            session.engine.close()
     return _finish(session, run, ledger)
 
 

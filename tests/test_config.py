@@ -81,7 +81,7 @@ def test_every_preset_has_a_header_and_price():
 
 @pytest.mark.parametrize("name", GPU_PRESETS)
 def test_gpu_presets_fail_clearly_until_their_backend_exists(name):
-    with pytest.raises(ConfigError, match=r"rollout.engine=vllm: vLLM rollout is not built yet.*--set"):
+    with pytest.raises(ConfigError, match=r"rollout.quantization=awq: AWQ rollout is not built yet.*--set"):
         load_config(name)
 
 

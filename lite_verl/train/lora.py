@@ -151,6 +151,37 @@ class LoraBackend:
     def train_mode(self, on: bool = True) -> None:
         self.model.train(on)
 
+    # --- weight sync into a rollout engine --------------------------------------------------------
+    def export_adapter(self, directory: Path) -> None:
+        """The actor's adapter only (peft format), for vLLM's LoRARequest."""
+        self.model.save_pretrained(directory, selected_adapters=["default"])
+
+    @torch.no_grad()
+    def merged_weight_buckets(self, bucket_bytes: int, dtype: str):
+        """Yield lists of (HF name, W + s * B @ A) for every adapted linear layer, about bucket_bytes each.
+
+        Only adapted layers change under LoRA, so only they are sent. Tensors stay on the trainer's
+        device; a bucket is freed once the caller moves on.
+        """
+        from peft.tuners.lora import LoraLayer
+
+        from lite_verl.device import torch_dtype
+
+        bucket: list[tuple[str, torch.Tensor]] = []
+        size = 0
+        for name, module in self.model.named_modules():
+            if not isinstance(module, LoraLayer) or "default" not in module.lora_A:
+                continue
+            base = module.get_base_layer()
+            merged = (base.weight + module.get_delta_weight("default")).to(torch_dtype(dtype))
+            bucket.append((name.removeprefix("base_model.model.") + ".weight", merged))
+            size += merged.numel() * merged.element_size()
+            if size >= bucket_bytes:
+                yield bucket
+                bucket, size = [], 0
+        if bucket:
+            yield bucket
+
     # --- checkpoints ---------------------------------------------------------------------------
     def save(self, directory: Path) -> None:
         """Adapter (peft format, loadable by PeftModel.from_pretrained) + optimizer state."""

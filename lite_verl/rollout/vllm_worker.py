@@ -1,0 +1,172 @@
+"""The vLLM rollout worker: a process that owns one vLLM `LLM`, pinned to rollout.gpus.
+
+The controller (loop.py, through VLLMRolloutEngine) sends small typed commands over a pipe; token
+ids and log-probs come back as CPU tensors (shared memory, not pickled lists); weights arrive in
+buckets, as CUDA tensors (IPC, no copy) when the trainer shares the GPU, else as CPU tensors.
+
+Commands: generate, score, add_adapter, load_weights, sleep, wake, stats, close.
+The vLLM engine core runs inside this process (VLLM_ENABLE_V1_MULTIPROCESSING=0), so weight loads
+reach the model runner directly through a worker extension.
+"""
+
+from __future__ import annotations
+
+import traceback
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.multiprocessing  # noqa: F401 - registers tensor sharing for the pipe
+
+
+class LiteVerlWorkerExtension:
+    """Mixed into vLLM's Worker (worker_extension_cls): in-place weight loading."""
+
+    def lite_verl_load_weights(self, named_tensors: list[tuple[str, Any]]) -> None:
+        from lite_verl.rollout.vllm_compat import reload_weights
+
+        device = self.model_runner.device if hasattr(self.model_runner, "device") else None  # type: ignore[attr-defined]
+        moved = [(n, t.to(device) if device is not None else t) for n, t in named_tensors]
+        reload_weights(self, moved)
+
+
+@dataclass(frozen=True)
+class WorkerOptions:
+    model: str
+    dtype: str
+    gpu_memory_utilization: float
+    max_model_len: int
+    max_lora_rank: int  # 0 = LoRA off (merged sync)
+    enforce_eager: bool
+    sleep_mode: bool
+    seed: int
+    quantization: str | None = None
+
+
+def _make_llm(o: WorkerOptions):
+    from vllm import LLM
+
+    from lite_verl.rollout.vllm_compat import llm_kwargs
+
+    kwargs = llm_kwargs(
+        model=o.model,
+        dtype=o.dtype,
+        gpu_memory_utilization=o.gpu_memory_utilization,
+        max_model_len=o.max_model_len,
+        enable_lora=o.max_lora_rank > 0,
+        max_lora_rank=o.max_lora_rank or None,
+        max_loras=1,
+        enforce_eager=o.enforce_eager,
+        enable_sleep_mode=o.sleep_mode,
+        seed=o.seed,
+        logprobs_mode="processed_logprobs",  # after temperature: what the trainer computes
+        worker_extension_cls="lite_verl.rollout.vllm_worker.LiteVerlWorkerExtension",
+        quantization=o.quantization,
+        enable_prefix_caching=True,
+    )
+    if o.max_lora_rank == 0:
+        kwargs = {k: v for k, v in kwargs.items() if k not in ("max_lora_rank", "max_loras")}
+    return LLM(**kwargs)
+
+
+class _Server:
+    def __init__(self, llm) -> None:
+        self.llm = llm
+        self.lora = None  # the current LoRARequest, or None (base weights)
+
+    def generate(self, prompts: list[list[int]], n: int, temperature: float, top_p: float, max_tokens: int,
+                 seed: int, stop_ids: list[int]) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+        from vllm import SamplingParams
+
+        from lite_verl.rollout.vllm_compat import sampled_logprobs, tokens_prompt
+
+        params = [
+            SamplingParams(
+                n=n,
+                temperature=temperature,
+                top_p=top_p if temperature > 0 else 1.0,
+                max_tokens=max_tokens,
+                logprobs=0,
+                seed=(seed + i) % (2**31),
+                stop_token_ids=stop_ids,
+                detokenize=False,
+            )  # fmt: skip
+            for i in range(len(prompts))
+        ]
+        outs = self.llm.generate(
+            [tokens_prompt(p) for p in prompts], params, lora_request=self.lora, use_tqdm=False
+        )
+        rows = [(list(c.token_ids), sampled_logprobs(c)) for o in outs for c in o.outputs]
+        width = max(1, max(len(t) for t, _ in rows))
+        ids = torch.full((len(rows), width), -1, dtype=torch.long)
+        lps = torch.zeros((len(rows), width), dtype=torch.float32)
+        for i, (t, lp) in enumerate(rows):
+            ids[i, : len(t)] = torch.tensor(t, dtype=torch.long)
+            lps[i, : len(lp)] = torch.tensor(lp, dtype=torch.float32)
+        return ids, lps
+
+    def score(self, sequences: list[list[int]], temperature: float) -> list[list[float]]:
+        """Log-probs of tokens 1.. of each sequence under the current weights (prompt_logprobs)."""
+        from vllm import SamplingParams
+
+        from lite_verl.rollout.vllm_compat import prompt_logprobs, tokens_prompt
+
+        params = SamplingParams(
+            max_tokens=1, prompt_logprobs=0, temperature=temperature or 1.0, detokenize=False
+        )
+        outs = self.llm.generate(
+            [tokens_prompt(s) for s in sequences], params, lora_request=self.lora, use_tqdm=False
+        )
+        return [prompt_logprobs(o) for o in outs]
+
+    def add_adapter(self, version: int, path: str) -> None:
+        from vllm.lora.request import LoRARequest
+
+        from lite_verl.rollout.vllm_compat import remove_lora
+
+        old = self.lora
+        self.lora = LoRARequest(lora_name=f"v{version}", lora_int_id=version, lora_path=path)
+        if old is not None:
+            remove_lora(self.llm, old.lora_int_id)
+
+    def load_weights(self, named_tensors: list[tuple[str, torch.Tensor]], last: bool) -> None:
+        from lite_verl.rollout.vllm_compat import reset_prefix_cache
+
+        self.llm.collective_rpc("lite_verl_load_weights", args=(named_tensors,))
+        if last:
+            reset_prefix_cache(self.llm)
+
+    def sleep(self) -> None:
+        self.llm.sleep(level=1)
+
+    def wake(self) -> None:
+        self.llm.wake_up()
+
+    def stats(self) -> dict[str, Any]:
+        info: dict[str, Any] = {"lora": getattr(self.lora, "lora_int_id", None)}
+        if torch.cuda.is_available():
+            free, total = torch.cuda.mem_get_info()
+            info["gpu_used_gb"] = (total - free) / 2**30
+        return info
+
+
+def worker_main(conn, options: WorkerOptions) -> None:  # pragma: no cover - runs in the worker process
+    try:
+        server = _Server(_make_llm(options))
+    except BaseException as e:  # noqa: BLE001 - report any start-up failure to the controller
+        conn.send(("error", f"vLLM could not start: {type(e).__name__}: {e}", traceback.format_exc()))
+        return
+    conn.send(("ok", None, ""))
+    while True:
+        try:
+            command, kwargs = conn.recv()
+        except (EOFError, OSError, KeyboardInterrupt):
+            return
+        if command == "close":
+            conn.send(("ok", None, ""))
+            return
+        try:
+            result = getattr(server, command)(**kwargs)
+            conn.send(("ok", result, ""))
+        except BaseException as e:  # noqa: BLE001
+            conn.send(("error", f"{command} failed: {type(e).__name__}: {e}", traceback.format_exc()))
