@@ -19,7 +19,7 @@ import os
 import shutil
 import tempfile
 import time
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Any
 
@@ -125,10 +125,8 @@ class VLLMRolloutEngine:
 
     def close(self) -> None:
         if self.proc.is_alive():
-            try:
+            with suppress(RolloutWorkerError, OSError, BrokenPipeError):
                 self._call("close", timeout=30)
-            except (RolloutWorkerError, OSError, BrokenPipeError):
-                pass
             self.proc.join(timeout=10)
             if self.proc.is_alive():
                 self.proc.kill()
