@@ -23,6 +23,8 @@ FIELDS = ("bench", "date", "commit", "hardware", "model", "settings", "metric", 
 
 
 def commit() -> str:
+    if os.environ.get("LITE_VERL_COMMIT"):  # set where the tree travels without .git (the GPU machine)
+        return os.environ["LITE_VERL_COMMIT"]
     out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=HERE)
     dirty = subprocess.run(
         ["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True, text=True, cwd=HERE

@@ -1,0 +1,37 @@
+"""Random-init models with real architectures' shapes, written on the spot (no download), for GPU benchmarks."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+SHAPES = {  # Qwen2.5 shapes (hidden, intermediate, layers, heads, kv heads, tied embeddings)
+    "0.5b": (896, 4864, 24, 14, 2, True),
+    "1.5b": (1536, 8960, 28, 12, 2, True),
+    "7b": (3584, 18944, 28, 28, 4, False),
+}
+
+
+def make_model(size: str, root: Path) -> Path:
+    """A random bf16 Qwen2.5-{size}-shaped model with lite-verl's tiny tokenizer (ids < 512 < vocab)."""
+    import torch
+    from transformers import AutoModelForCausalLM, Qwen2Config
+
+    from lite_verl.tiny import train_tokenizer
+
+    out = root / f"qwen2.5-{size}-random"
+    if (out / "config.json").is_file():
+        return out
+    hidden, inter, layers, heads, kv, tied = SHAPES[size]
+    tok = train_tokenizer(512, 0)
+    config = Qwen2Config(
+        vocab_size=151936, hidden_size=hidden, intermediate_size=inter, num_hidden_layers=layers,
+        num_attention_heads=heads, num_key_value_heads=kv, tie_word_embeddings=tied, max_position_embeddings=4096,
+        eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id, bos_token_id=0, rope_theta=1e6,
+    )  # fmt: skip
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    with torch.device(device):
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
+    model.save_pretrained(out)
+    tok.save_pretrained(out)
+    del model
+    return out

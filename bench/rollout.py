@@ -1,0 +1,91 @@
+"""Benchmark: rollout tokens/s inside lite-verl (VLLMRolloutEngine) vs a bare vLLM `LLM.generate`.
+
+    python bench/rollout.py [--size 1.5b] [--prompts 256] [--new-tokens 256]
+
+Same model, same SamplingParams (temperature 1, per-token logprobs, n=1), same engine arguments
+(enforce_eager, gpu_memory_utilization); random-init weights so lengths are set by ignore-EOS-like
+behaviour of a random model (both runs see identical prompts and seeds). Target: lite-verl >= 90% of bare.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import random
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from gpu_models import make_model  # noqa: E402
+from results import REPORT, append, render  # noqa: E402
+
+
+def prompts(n: int, length: int) -> list[list[int]]:
+    rng = random.Random(0)
+    return [[rng.randrange(3, 500) for _ in range(length)] for _ in range(n)]
+
+
+def ours(path: Path, ps: list[list[int]], new_tokens: int, util: float) -> tuple[float, int]:
+    from lite_verl.config import load_config
+    from lite_verl.model import load_tokenizer
+    from lite_verl.rollout.base import SamplingSettings
+    from lite_verl.rollout.vllm_engine import VLLMRolloutEngine
+
+    cfg = load_config("laptop", None, [
+        f"model.path={path}", "model.dtype=bfloat16", "train.gpus=[0]", "rollout.gpus=[0]", "rollout.engine=vllm",
+        "rollout.enforce_eager=true", f"rollout.gpu_memory_utilization={util}", "data.max_prompt_length=128",
+        f"rollout.max_new_tokens={new_tokens}", "cost.gpu_models=[H200]", "cost.price_per_hour={H200: 0.0}",
+    ])  # fmt: skip
+    engine = VLLMRolloutEngine(cfg, path, load_tokenizer(path), backend=None)
+    s = SamplingSettings(n=1, temperature=1.0, max_new_tokens=new_tokens)
+    engine.generate(ps[:8], s, seed=0)
+    t0 = time.perf_counter()
+    out = engine.generate(ps, s, seed=1)
+    dt = time.perf_counter() - t0
+    engine.close()
+    return dt, int(out.response_mask.sum())
+
+
+def bare(path: Path, ps: list[list[int]], new_tokens: int, util: float) -> tuple[float, int]:
+    os.environ["VLLM_USE_FLASHINFER_SAMPLER"] = "0"
+    from vllm import LLM, SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    llm = LLM(model=str(path), dtype="bfloat16", gpu_memory_utilization=util, enforce_eager=True,
+              max_model_len=128 + new_tokens, seed=0, logprobs_mode="processed_logprobs")  # fmt: skip
+    params = [SamplingParams(temperature=1.0, max_tokens=new_tokens, logprobs=0, seed=1 + i, detokenize=False,
+                             stop_token_ids=[2]) for i in range(len(ps))]  # fmt: skip
+    llm.generate([TokensPrompt(prompt_token_ids=p) for p in ps[:8]], params[:8], use_tqdm=False)
+    t0 = time.perf_counter()
+    outs = llm.generate([TokensPrompt(prompt_token_ids=p) for p in ps], params, use_tqdm=False)
+    dt = time.perf_counter() - t0
+    return dt, sum(len(c.token_ids) for o in outs for c in o.outputs)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--size", default="1.5b")
+    ap.add_argument("--prompts", type=int, default=256)
+    ap.add_argument("--new-tokens", type=int, default=256)
+    ap.add_argument("--util", type=float, default=0.5)
+    ap.add_argument("--root", default="/tmp/models")
+    args = ap.parse_args()
+    path = make_model(args.size, Path(args.root))
+    ps = prompts(args.prompts, 64)
+    dt_ours, n_ours = ours(path, ps, args.new_tokens, args.util)
+    dt_bare, n_bare = bare(path, ps, args.new_tokens, args.util)
+    model = f"Qwen2.5-{args.size} shape (random, bf16)"
+    settings = f"{args.prompts} prompts x 64 tokens, <= {args.new_tokens} new, T=1, logprobs, enforce_eager, util {args.util}"
+    cmd = f"python bench/rollout.py --size {args.size} --prompts {args.prompts} --new-tokens {args.new_tokens}"
+    tps_ours, tps_bare = n_ours / dt_ours, n_bare / dt_bare
+    for metric, value, unit in [("lite_verl_tokens_per_s", tps_ours, "token/s"), ("bare_vllm_tokens_per_s", tps_bare, "token/s"),
+                                ("lite_verl_over_bare", tps_ours / tps_bare, "ratio")]:  # fmt: skip
+        append("rollout", model, settings, metric, float(value), unit, cmd)
+    print(f"lite-verl {tps_ours:.0f} tok/s ({n_ours} tokens), bare vLLM {tps_bare:.0f} tok/s ({n_bare} tokens), "
+          f"ratio {tps_ours / tps_bare:.3f}", flush=True)  # fmt: skip
+    REPORT.write_text(render())
+
+
+if __name__ == "__main__":
+    main()
