@@ -20,7 +20,7 @@ pytestmark = pytest.mark.skipif(
 SMALL = ["trainer.batch_size=4", "rollout.n=4", "data.task_size=64", "data.val_size=0", "trainer.progress=false",
          "rollout.max_new_tokens=8", "rollout.enforce_eager=true", "rollout.engine=vllm",
          "data.max_prompt_length=64"]  # fmt: skip
-GPU = ["train.gpus=[0]", "rollout.gpus=[0]", "rollout.gpu_memory_utilization=0.3", "cost.gpu_models=[GPU]",
+GPU = ["model.dtype=bfloat16", "train.gpus=[0]", "rollout.gpus=[0]", "rollout.gpu_memory_utilization=0.3", "cost.gpu_models=[GPU]",
        "cost.price_per_hour={GPU: 1.0, cpu: 0.0}"]  # fmt: skip
 
 

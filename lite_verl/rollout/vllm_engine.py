@@ -17,6 +17,7 @@ from __future__ import annotations
 import multiprocessing as mp
 import os
 import shutil
+import sys
 import tempfile
 import time
 from contextlib import contextmanager, suppress
@@ -113,7 +114,9 @@ class VLLMRolloutEngine:
         status, result, trace = self.conn.recv()
         if status != "ok":
             if os.environ.get("LITE_VERL_DEBUG"):
-                print(trace)
+                print(trace, file=sys.stderr)
+            where = [ln.strip() for ln in trace.splitlines() if ln.strip().startswith("File ")][-1:]
+            result = f"{result} ({where[0]})" if where else result
             raise RolloutWorkerError(
                 f"{result}; rollout.engine=vllm, rollout.gpus={list(self.cfg.rollout.gpus)}"
             )
