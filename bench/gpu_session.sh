@@ -12,7 +12,7 @@ OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 : > bench/results.jsonl.gpu
 cp bench/results.jsonl bench/results.jsonl.before 2>/dev/null || : > bench/results.jsonl.before
 case "${1:-}" in
-  tests)   python3 -m pytest -q -rs -x -p no:cacheprovider tests/test_vllm.py ${2:+-k "$2"} 2>&1 | tee "$OUT/tests.log" ;;
+  tests)   python3 -m pytest -q -rs -s -x -p no:cacheprovider tests/test_vllm.py ${2:+-k "$2"} 2>&1 | tee "$OUT/tests.log" ;;
   sync)    python3 bench/weight_sync.py --sizes "${2:-0.5b,1.5b,7b}" 2>&1 | tee "$OUT/sync.log" | grep -vE "^(INFO|WARNING|\(|\[)" ;;
   rollout) python3 bench/rollout.py --size "${2:-1.5b}" 2>&1 | tee "$OUT/rollout.log" | grep -vE "^(INFO|WARNING|\(|\[)" ;;
   e2e)     python3 -m lite_verl train --preset 4090x1 --set rollout.quantization=none --set trainer.total_steps=${2:-100} \

@@ -74,11 +74,17 @@ def test_sync_makes_vllm_match_the_trainer(mode):
         prompts = session.train_set.token_ids[:4]
         settings = SamplingSettings(n=2, max_new_tokens=8)
         before = session.engine.generate(prompts, settings, seed=11)
-        assert _gap(session, before) <= 0.02  # base weights agree
+        gap_before = _gap(session, before)
+        # fp32 (CPU): the engines agree to 0.02 nats/token; bf16 (GPU) kernels differ more on this
+        # sharp random tiny model (0.03 seen on an H200), so there the bound is 0.05
+        tol = 0.05 if has_cuda() else 0.02
+        assert gap_before <= tol  # base weights agree
         metrics = _train_one_step(session)  # update + sync (lr high: the policy moves visibly)
         assert metrics["timing/sync_s"] > 0
         after = session.engine.generate(prompts, settings, seed=11)
-        assert _gap(session, after) <= 0.02  # vLLM serves the updated policy
+        gap_after = _gap(session, after)
+        print(f"logprob gap vLLM vs trainer ({mode}): before sync {gap_before:.4f}, after {gap_after:.4f}")
+        assert gap_after <= tol and gap_after <= gap_before + 0.01  # vLLM serves the updated policy
         assert not torch.equal(after.response_ids, before.response_ids) or not torch.allclose(
             after.rollout_log_probs, before.rollout_log_probs, atol=1e-3
         )  # the rollout distribution changed: the sync happened
