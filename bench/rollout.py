@@ -77,7 +77,9 @@ def main() -> None:
     dt_bare, n_bare = bare(path, ps, args.new_tokens, args.util)
     model = f"Qwen2.5-{args.size} shape (random, bf16)"
     settings = f"{args.prompts} prompts x 64 tokens, <= {args.new_tokens} new, T=1, logprobs, enforce_eager, util {args.util}"
-    cmd = f"python bench/rollout.py --size {args.size} --prompts {args.prompts} --new-tokens {args.new_tokens}"
+    cmd = (
+        f"python bench/rollout.py --size {args.size} --prompts {args.prompts} --new-tokens {args.new_tokens}"
+    )
     tps_ours, tps_bare = n_ours / dt_ours, n_bare / dt_bare
     for metric, value, unit in [("lite_verl_tokens_per_s", tps_ours, "token/s"), ("bare_vllm_tokens_per_s", tps_bare, "token/s"),
                                 ("lite_verl_over_bare", tps_ours / tps_bare, "ratio")]:  # fmt: skip

@@ -138,10 +138,13 @@ class VLLMRolloutEngine:
     # --- RolloutEngine ---------------------------------------------------------------------------
     def generate(self, prompts: list[list[int]], sampling: SamplingSettings, seed: int) -> RolloutBatch:
         self.wake()
+        greedy_copies = sampling.n if sampling.temperature == 0 else 1  # vLLM wants n=1 when greedy
         ids, lps = self._call(
-            "generate", prompts=prompts, n=sampling.n, temperature=sampling.temperature, top_p=sampling.top_p,
+            "generate", prompts=prompts, n=sampling.n // greedy_copies, temperature=sampling.temperature, top_p=sampling.top_p,
             max_tokens=sampling.max_new_tokens, seed=seed, stop_ids=self.eos_ids,
         )  # fmt: skip
+        if greedy_copies > 1:
+            ids, lps = ids.repeat_interleave(greedy_copies, 0), lps.repeat_interleave(greedy_copies, 0)
         rows = [p for p in prompts for _ in range(sampling.n)]
         prompt_ids, prompt_mask = left_pad(rows, self.pad_id)
         valid = ids >= 0

@@ -46,6 +46,7 @@ class LoraBackend:
         self.optimizer = torch.optim.AdamW(self.params, lr=cfg.lr, weight_decay=cfg.weight_decay)
         self.grad_clip = cfg.grad_clip
         self.value_head: torch.nn.Linear | None = None
+        self._adapter_config_json: str | None = None
         self.critic_params: list[torch.nn.Parameter] = []
         self.critic_optimizer: torch.optim.Optimizer | None = None
 
@@ -153,8 +154,22 @@ class LoraBackend:
 
     # --- weight sync into a rollout engine --------------------------------------------------------
     def export_adapter(self, directory: Path) -> None:
-        """The actor's adapter only (peft format), for vLLM's LoRARequest."""
-        self.model.save_pretrained(directory, selected_adapters=["default"])
+        """The actor's adapter only, in peft's format (adapter_config.json + adapter_model.safetensors),
+        for vLLM's LoRARequest. Written directly (not save_pretrained): this runs after every update."""
+        import json
+
+        from peft import get_peft_model_state_dict
+        from safetensors.torch import save_file
+
+        directory.mkdir(parents=True, exist_ok=True)
+        if self._adapter_config_json is None:
+            self._adapter_config_json = json.dumps(self.model.peft_config["default"].to_dict(), default=list)
+        (directory / "adapter_config.json").write_text(self._adapter_config_json)
+        state = get_peft_model_state_dict(self.model, adapter_name="default")
+        save_file(
+            {k: v.detach().contiguous().cpu() for k, v in state.items()},
+            str(directory / "adapter_model.safetensors"),
+        )
 
     @torch.no_grad()
     def merged_weight_buckets(self, bucket_bytes: int, dtype: str):
