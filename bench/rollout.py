@@ -49,6 +49,7 @@ def ours(path: Path, ps: list[list[int]], new_tokens: int, util: float) -> tuple
 
 def bare(path: Path, ps: list[list[int]], new_tokens: int, util: float) -> tuple[float, int]:
     os.environ["VLLM_USE_FLASHINFER_SAMPLER"] = "0"
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # as lite-verl's worker (and no fork after CUDA init)
     from vllm import LLM, SamplingParams
     from vllm.inputs import TokensPrompt
 

@@ -67,15 +67,27 @@ class BillRow:
 
 
 def bill(ledger: Ledger, cfg: Config) -> list[BillRow]:
-    """Every device a role holds is held for the whole wall time (no release yet: the placement issue)."""
+    """A GPU is held for the whole wall time (no release yet: the placement issue) and billed once:
+    roles that share it (colocated) split its held time in proportion to their busy time on it.
+    The CPU is billed for busy time only."""
     wall = ledger.wall()
+    sharers: dict[str, list[str]] = {}
+    for role, devices in ledger.devices.items():
+        for d in devices:
+            sharers.setdefault(d, []).append(role)
     rows = []
     for role, devices in ledger.devices.items():
         for d in devices:
             model = cfg.cost.gpu_models[int(d[5:])] if d.startswith("cuda:") else "cpu"
             price = cfg.cost.price_per_hour.get(model, 0.0)
-            held = wall if d.startswith("cuda:") else ledger.busy.get((role, d), 0.0)
-            rows.append(BillRow(role, d, model, held, ledger.busy.get((role, d), 0.0), held / 3600 * price))
+            busy = ledger.busy.get((role, d), 0.0)
+            if d.startswith("cuda:"):
+                total_busy = sum(ledger.busy.get((r, d), 0.0) for r in sharers[d])
+                share = busy / total_busy if total_busy > 0 else 1 / len(sharers[d])
+                held = wall * share
+            else:
+                held = busy
+            rows.append(BillRow(role, d, model, held, busy, held / 3600 * price))
     return rows
 
 

@@ -9,9 +9,6 @@ are copied into a clean model built from the same config (without its quantizati
 from __future__ import annotations
 
 import importlib.util
-import os
-import shutil
-import tempfile
 from pathlib import Path
 
 from lite_verl.errors import MissingDependency, ModelError
@@ -22,6 +19,7 @@ def import_gguf(gguf_file: str | Path, out_dir: str | Path, dtype: str = "bfloat
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
     from lite_verl.device import torch_dtype
+    from lite_verl.rundir import atomic_directory
 
     src, out = Path(gguf_file), Path(out_dir)
     if not src.is_file():
@@ -42,16 +40,7 @@ def import_gguf(gguf_file: str | Path, out_dir: str | Path, dtype: str = "bfloat
     clean = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     clean.load_state_dict(loaded.state_dict())
     clean = clean.to(torch_dtype(dtype))
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
-    tmp.chmod(0o755)
-    try:
+    with atomic_directory(out) as tmp:
         clean.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
-        if out.exists():
-            shutil.rmtree(out)
-        os.replace(tmp, out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     return out

@@ -24,6 +24,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -45,6 +46,24 @@ def atomic_write_text(path: Path, text: str) -> None:
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+@contextmanager
+def atomic_directory(final: Path):
+    """Yield a temp directory beside `final`; on success it replaces `final` in one rename, on failure
+    it is removed. Readers never see a half-written directory."""
+    final = Path(final)
+    final.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.", dir=final.parent))
+    tmp.chmod(0o755)
+    try:
+        yield tmp
+        if final.exists():
+            shutil.rmtree(final)
+        os.replace(tmp, final)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
         raise
 
 
@@ -121,18 +140,10 @@ class RunDir:
     def save_checkpoint(self, step: int, backend, state: dict[str, Any], keep: int) -> Path:
         """Write into a temp dir, fsync, rename to step_N; then drop all but the last `keep`."""
         final = self.checkpoints / f"step_{step:08d}"
-        self.checkpoints.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(prefix=f".step_{step:08d}.", dir=self.checkpoints))
-        try:
+        with atomic_directory(final) as tmp:
             backend.save(tmp)
             torch.save(rng_state(), tmp / "rng.pt")
             atomic_write_text(tmp / "state.json", json.dumps({"step": step, **state}, indent=2))
-            if final.exists():
-                shutil.rmtree(final)
-            os.replace(tmp, final)
-        except BaseException:
-            shutil.rmtree(tmp, ignore_errors=True)
-            raise
         done = sorted(p for p in self.checkpoints.glob("step_*") if p.is_dir())
         for old in done[:-keep]:
             shutil.rmtree(old, ignore_errors=True)

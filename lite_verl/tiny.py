@@ -13,8 +13,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import shutil
-import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -101,6 +99,8 @@ def make_tiny_model(out_dir: str | Path, spec: TinySpec | None = None) -> Path:
     import torch
     from transformers import AutoModelForCausalLM, GenerationConfig
 
+    from lite_verl.rundir import atomic_directory
+
     spec = spec or TinySpec()
     out = Path(out_dir)
     tokenizer = train_tokenizer(spec.vocab_size, spec.seed)
@@ -111,19 +111,10 @@ def make_tiny_model(out_dir: str | Path, spec: TinySpec | None = None) -> Path:
     model.generation_config = GenerationConfig(
         eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id, do_sample=True
     )
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
-    tmp.chmod(0o755)
-    try:
+    with atomic_directory(out) as tmp:
         model.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
         (tmp / "lite_verl_tiny.json").write_text(json.dumps({**asdict(spec), "version": TINY_VERSION}))
-        if out.exists():
-            shutil.rmtree(out)
-        os.replace(tmp, out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     return out
 
 

@@ -130,3 +130,17 @@ def test_environment_check_rejects_missing_gpus():
     cfg = load_config("4090x1", None, ["rollout.engine=hf", "rollout.quantization=none"])
     with pytest.raises(ConfigError, match=r"GPU id\(s\) \[0\] but this machine has no CUDA GPU"):
         check_environment(cfg)
+
+
+def test_bill_charges_a_shared_gpu_once():
+    from lite_verl.cost import Ledger, bill
+
+    cfg = load_config("4090x1", None, ["rollout.engine=hf", "rollout.quantization=none"])
+    ledger = Ledger.from_config(cfg)
+    ledger.busy[("rollout", "cuda:0")] = 30.0
+    ledger.busy[("train", "cuda:0")] = 90.0
+    ledger.elapsed_before = 3600.0 - (ledger.wall() - ledger.elapsed_before)  # wall = 1 h
+    rows = {r.role: r for r in bill(ledger, cfg)}
+    assert rows["rollout"].held_s + rows["train"].held_s == pytest.approx(3600.0, rel=1e-3)
+    assert rows["train"].held_s == pytest.approx(3 * rows["rollout"].held_s, rel=1e-3)
+    assert sum(r.cost_usd for r in rows.values()) == pytest.approx(0.69, rel=1e-3)  # one 4090-hour
