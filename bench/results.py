@@ -19,6 +19,15 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results.jsonl"
 REPORT = HERE / "RESULTS.md"
+NOTES = {  # what a reader must know about a table that its rows do not say
+    "estimators": "The 2026-12-02 rows ran while other jobs shared the 2 cores: their wall times are "
+    "inflated (a lone laptop run takes ~30 s, see `laptop`); the reward figures are unaffected.",
+    "weight_sync": "Random-init weights with real shapes. Targets: adapter <= 50 ms (missed: ~95 ms at 1.5B, "
+    "dominated by vLLM re-reading the adapter), merged 1.5B <= 1 s (met: 71 ms). The e63d3e7 rows used "
+    "peft's save_pretrained for the adapter; d0e623f writes the files directly.",
+    "e2e_grpo_vllm": "The reward is the built-in echo task's; learning is slower than on the laptop run "
+    "(bf16 trainer, 40 steps). Per-step metrics: bench/runs/e2e_grpo_vllm_h200_metrics.jsonl.",
+}
 FIELDS = ("bench", "date", "commit", "hardware", "model", "settings", "metric", "value", "unit", "command")
 
 
@@ -100,6 +109,7 @@ def render() -> str:
         out += [
             f"## {bench}",
             "",
+            *([NOTES[bench], ""] if bench in NOTES else []),
             "| date | commit | hardware | model | settings | metric | value | unit | command |",
             "|---|---|---|---|---|---|---|---|---|",
         ]
