@@ -16,15 +16,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from results import REPORT, append, render  # noqa: E402
 
-ESTIMATORS = [
-    "gae",
-    "grpo",
-    "dr_grpo",
-    "rloo",
-    "reinforce_plus_plus",
-    "reinforce_plus_plus_baseline",
-    "remax",
-]
+from lite_verl.validation import ADV_ESTIMATORS as ESTIMATORS  # noqa: E402
 
 
 def main(names: list[str]) -> None:

@@ -197,21 +197,34 @@ def ppo_update(
     temperature: float,
 ) -> dict[str, float]:
     """cfg.ppo_epochs passes; one optimizer step per mini-batch; gradient accumulation over micro-batches."""
+    backend.train_mode(True)
+    out = _each_mini_batch(
+        exp, cfg.ppo_epochs, rows_per_mini, micro, backend.zero_grad,
+        lambda mb, m: _actor_step(backend, mb, cfg, m, temperature),
+    )  # fmt: skip
+    out["actor/skipped_step"] = float(out["actor/skipped_step"] > 0)
+    return out
+
+
+def _each_mini_batch(
+    exp: Experience,
+    epochs: int,
+    rows_per_mini: int,
+    micro: MicroBatchSize,
+    zero_grad: Callable[[], None],
+    step: Callable[[Experience, int], dict[str, float]],
+) -> dict[str, float]:
+    """Run `step(mini_batch, micro_batch_size)` over epochs x mini-batches (retried with a halved
+    micro-batch after an out-of-memory); the mean of each metric."""
     sums: dict[str, float] = defaultdict(float)
     steps = 0
-    backend.train_mode(True)
-    for _ in range(cfg.ppo_epochs):
+    for _ in range(epochs):
         for rows in _mini_batches(exp.num_rows, rows_per_mini):
             mb = exp.take(rows)
-            metrics = micro.retry_on_oom(
-                lambda m, mb=mb: _actor_step(backend, mb, cfg, m, temperature), backend.zero_grad
-            )
-            for k, v in metrics.items():
+            for k, v in micro.retry_on_oom(lambda m, mb=mb: step(mb, m), zero_grad).items():
                 sums[k] += v
             steps += 1
-    out = {k: v / steps for k, v in sums.items()}
-    out["actor/skipped_step"] = float(sums["actor/skipped_step"] > 0)
-    return out
+    return {k: v / steps for k, v in sums.items()}
 
 
 def _actor_step(
@@ -265,19 +278,11 @@ def critic_update(
     micro: MicroBatchSize,
 ) -> dict[str, float]:
     """The value loss on the same mini-batches as the actor, with the critic's own optimizer."""
-    sums: dict[str, float] = defaultdict(float)
-    steps = 0
     with backend.critic_mode():
-        for _ in range(cfg.ppo_epochs):
-            for rows in _mini_batches(exp.num_rows, rows_per_mini):
-                mb = exp.take(rows)
-                metrics = micro.retry_on_oom(
-                    lambda m, mb=mb: _critic_step(backend, mb, cfg, critic, m), backend.zero_critic_grad
-                )
-                for k, v in metrics.items():
-                    sums[k] += v
-                steps += 1
-    out = {k: v / steps for k, v in sums.items()}
+        out = _each_mini_batch(
+            exp, cfg.ppo_epochs, rows_per_mini, micro, backend.zero_critic_grad,
+            lambda mb, m: _critic_step(backend, mb, cfg, critic, m),
+        )  # fmt: skip
     mask = exp.response_mask
     assert exp.values is not None and exp.returns is not None
     out["critic/values_mean"] = float(algos.masked_mean(exp.values, mask))

@@ -68,7 +68,17 @@ def _check_gpus(key: str, gpus: tuple[int, ...]) -> None:
 
 
 def validate_config(cfg: Config) -> None:
-    m, d, r, t, a, w, tr = cfg.model, cfg.data, cfg.rollout, cfg.train, cfg.algorithm, cfg.reward, cfg.trainer
+    _check_model_data(cfg)
+    _check_rollout_train(cfg)
+    _check_algorithm(cfg)
+    _check_reward_trainer(cfg)
+    _check_placement(cfg)
+    _check_cost(cfg)
+    _check_not_built(cfg)
+
+
+def _check_model_data(cfg: Config) -> None:
+    m, d = cfg.model, cfg.data
     if not m.path:
         raise ConfigError("model.path is empty; give an HF model directory or tiny:qwen2")
     _one_of("model.dtype", m.dtype, DTYPES)
@@ -79,6 +89,9 @@ def validate_config(cfg: Config) -> None:
     _positive("data.val_size", d.val_size, allow_zero=True)
     _positive("data.max_prompt_length", d.max_prompt_length)
 
+
+def _check_rollout_train(cfg: Config) -> None:
+    r, t = cfg.rollout, cfg.train
     _one_of("rollout.engine", r.engine, ENGINES)
     _one_of("rollout.quantization", r.quantization, QUANTIZATIONS)
     _positive("rollout.n", r.n)
@@ -102,6 +115,9 @@ def validate_config(cfg: Config) -> None:
             "train.target_modules is empty; name the linear layers LoRA adapts, e.g. [q_proj, v_proj]"
         )
 
+
+def _check_algorithm(cfg: Config) -> None:
+    r, t, a, tr = cfg.rollout, cfg.train, cfg.algorithm, cfg.trainer
     _one_of("algorithm.adv_estimator", a.adv_estimator, ADV_ESTIMATORS)
     _one_of("algorithm.kl_loss_type", a.kl_loss_type, KL_TYPES)
     _one_of("algorithm.loss_agg_mode", a.loss_agg_mode, LOSS_AGG_MODES)
@@ -140,6 +156,9 @@ def validate_config(cfg: Config) -> None:
             f"rollout.n={r.n}: {a.adv_estimator} compares responses within a group; set rollout.n >= 2"
         )
 
+
+def _check_reward_trainer(cfg: Config) -> None:
+    w, tr = cfg.reward, cfg.trainer
     if w.function and ":" not in w.function:
         raise ConfigError(
             f"reward.function={w.function!r} must be module:function or path/to/file.py:function"
@@ -159,10 +178,6 @@ def validate_config(cfg: Config) -> None:
     _positive("trainer.save_every", tr.save_every, allow_zero=True)
     _positive("trainer.keep_checkpoints", tr.keep_checkpoints)
     _positive("trainer.val_every", tr.val_every, allow_zero=True)
-
-    _check_placement(cfg)
-    _check_cost(cfg)
-    _check_not_built(cfg)
 
 
 def _check_placement(cfg: Config) -> None:
