@@ -22,9 +22,15 @@ REPORT = HERE / "RESULTS.md"
 NOTES = {  # what a reader must know about a table that its rows do not say
     "estimators": "The 2026-12-02 rows ran while other jobs shared the 2 cores: their wall times are "
     "inflated (a lone laptop run takes ~30 s, see `laptop`); the reward figures are unaffected.",
-    "weight_sync": "Random-init weights with real shapes. Targets: adapter <= 50 ms (missed: ~95 ms at 1.5B, "
-    "dominated by vLLM re-reading the adapter), merged 1.5B <= 1 s (met: 71 ms). The e63d3e7 rows used "
-    "peft's save_pretrained for the adapter; d0e623f writes the files directly.",
+    "weight_sync": "Random-init weights with real shapes. Targets: adapter <= 50 ms, merged 1.5B <= 1 s "
+    "(met: 71 ms). CAUTION: these adapter rows (e63d3e7, d0e623f) do NOT include vLLM loading the adapter: "
+    "vLLM loaded it lazily inside the next generate; they time the export (GPU->CPU, safetensors to "
+    "/dev/shm) only. Since the sync_memory commit the sync loads the adapter eagerly (add_lora); the "
+    "adapter rows must be re-measured on the GPU. The e63d3e7 rows used peft's save_pretrained for the "
+    "export, d0e623f writes the files directly.",
+    "sync_memory": "With eager adapter loads and a rollout every 100 syncs. The worker's RSS rises ~24 MiB "
+    "over the first 100 syncs, 8 MiB over the next 400 and 2 MiB over the last 500: flattening, not "
+    "linear; one adapter version is left in /dev/shm.",
     "e2e_grpo_vllm": "The reward is the built-in echo task's; learning is slower than on the laptop run "
     "(bf16 trainer, 40 steps). Per-step metrics: bench/runs/e2e_grpo_vllm_h200_metrics.jsonl.",
 }

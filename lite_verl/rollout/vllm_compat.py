@@ -69,6 +69,15 @@ def reload_weights(worker: Any, named_tensors: list[tuple[str, Any]]) -> None:
     runner.model.load_weights(weights=iter(named_tensors))
 
 
+def add_lora(llm: Any, request: Any) -> None:
+    """Load an adapter now (vLLM otherwise loads it lazily, inside the next generate)."""
+    for target in (getattr(llm, "llm_engine", None), llm):
+        fn = getattr(target, "add_lora", None)
+        if fn is not None:
+            fn(request)
+            return
+
+
 def remove_lora(llm: Any, lora_id: int) -> None:
     for target in (llm, getattr(llm, "llm_engine", None)):
         fn = getattr(target, "remove_lora", None)

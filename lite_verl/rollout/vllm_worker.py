@@ -122,12 +122,13 @@ class _Server:
     def add_adapter(self, version: int, path: str) -> None:
         from vllm.lora.request import LoRARequest
 
-        from lite_verl.rollout.vllm_compat import remove_lora
+        from lite_verl.rollout.vllm_compat import add_lora, remove_lora
 
         old = self.lora
-        self.lora = LoRARequest(lora_name=f"v{version}", lora_int_id=version, lora_path=path)
         if old is not None:
             remove_lora(self.llm, old.lora_int_id)
+        self.lora = LoRARequest(lora_name=f"v{version}", lora_int_id=version, lora_path=path)
+        add_lora(self.llm, self.lora)  # load now, so the sync time is the real cost
 
     def load_weights(self, named_tensors: list[tuple[str, torch.Tensor]], last: bool) -> None:
         from lite_verl.rollout.vllm_compat import reset_prefix_cache
