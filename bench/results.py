@@ -32,7 +32,8 @@ NOTES = {  # what a reader must know about a table that its rows do not say
     "over the first 100 syncs, 8 MiB over the next 400 and 2 MiB over the last 500: flattening, not "
     "linear; one adapter version is left in /dev/shm.",
     "e2e_grpo_vllm": "The reward is the built-in echo task's; learning is slower than on the laptop run "
-    "(bf16 trainer, 40 steps). Per-step metrics: bench/runs/e2e_grpo_vllm_h200_metrics.jsonl.",
+    "(bf16 trainer, 40 steps). adapter_sync_median_s excludes vLLM's lazy adapter load (counted in the "
+    "rollout time then). Per-step metrics: bench/runs/e2e_grpo_vllm_h200_metrics.jsonl.",
 }
 FIELDS = ("bench", "date", "commit", "hardware", "model", "settings", "metric", "value", "unit", "command")
 
