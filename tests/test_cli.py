@@ -208,3 +208,18 @@ def test_readme_test_command_is_what_ci_runs():
     readme = (repo / "README.md").read_text()
     assert command in readme
     assert "pip install torch==2.13.0 && pip install -e . && lite-verl train --preset laptop" in readme
+
+
+def test_imports_stay_light(tmp_path):
+    """`import lite_verl` (and the loop) must not import vLLM, DeepSpeed, bitsandbytes or AWQ."""
+    code = (
+        "import sys, lite_verl, lite_verl.loop, lite_verl.cli, lite_verl.algos\n"
+        "heavy = [m for m in sys.modules if m.split('.')[0] in ('vllm', 'deepspeed', 'bitsandbytes', 'awq')]\n"
+        "assert not heavy, heavy\n"
+        "import subprocess\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path)
+    assert out.returncode == 0, out.stderr[-2000:]
+    out = subprocess.run([sys.executable, "-c", "import sys, lite_verl; assert 'torch' not in sys.modules"],
+                         capture_output=True, text=True, cwd=tmp_path)  # fmt: skip
+    assert out.returncode == 0, out.stderr[-2000:]
