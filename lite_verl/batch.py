@@ -31,6 +31,12 @@ class RolloutBatch:
     def response_lengths(self) -> torch.Tensor:  # [N]
         return self.response_mask.sum(-1)
 
+    def response_texts(self, tokenizer) -> list[str]:
+        """Each row's valid response tokens decoded, special tokens (EOS) dropped. Only the masked
+        tokens are decoded: padding ids need not be special tokens of every tokenizer."""
+        rows = [ids[m.bool()].tolist() for ids, m in zip(self.response_ids, self.response_mask)]
+        return tokenizer.batch_decode(rows, skip_special_tokens=True)
+
 
 def position_ids(attention_mask: torch.Tensor) -> torch.Tensor:
     """[N, L] -> [N, L]: 0 at each row's first real token, counting up; 0 on left padding."""

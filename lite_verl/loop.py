@@ -157,9 +157,7 @@ def validate(session: Session, step: int) -> dict[str, float]:
         return {}
     sampling = SamplingSettings(n=1, temperature=0.0, max_new_tokens=session.cfg.rollout.max_new_tokens)
     rollout = session.engine.generate(val.token_ids, sampling, seed=step_seed(session.cfg.trainer.seed, -1))
-    texts = session.tokenizer.batch_decode(
-        rollout.response_ids * rollout.response_mask, skip_special_tokens=True
-    )
+    texts = rollout.response_texts(session.tokenizer)
     scores = score(session, list(range(len(val))), val, texts, 1)
     return {"val/reward_mean": float(scores.mean())}
 
@@ -170,9 +168,7 @@ def _greedy_baselines(
     """ReMax: the reward of the greedy response to each prompt, repeated for its n samples. [N]"""
     sampling = SamplingSettings(n=1, temperature=0.0, max_new_tokens=session.cfg.rollout.max_new_tokens)
     greedy = session.engine.generate(prompts, sampling, seed=0)
-    texts = session.tokenizer.batch_decode(
-        greedy.response_ids * greedy.response_mask, skip_special_tokens=True
-    )
+    texts = greedy.response_texts(session.tokenizer)
     return score(session, rows_idx, session.train_set, texts, 1).repeat_interleave(n)
 
 
@@ -189,9 +185,7 @@ def train_step(session: Session, sampler: PromptSampler, step: int, ledger: Ledg
         baselines = _greedy_baselines(session, rows_idx, prompts, r.n) if a.adv_estimator == "remax" else None
     t1 = time.perf_counter()
     with ledger.busy_on("reward"):
-        texts = session.tokenizer.batch_decode(
-            rollout.response_ids * rollout.response_mask, skip_special_tokens=True
-        )
+        texts = rollout.response_texts(session.tokenizer)
         scores = score(session, rows_idx, session.train_set, texts, r.n)
     t2 = time.perf_counter()
     group_ids = [i for i in range(len(rows_idx)) for _ in range(r.n)]

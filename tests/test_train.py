@@ -4,19 +4,12 @@ from __future__ import annotations
 
 import pytest
 import torch
+from conftest import SMALL
 
 from lite_verl.config import load_config
 from lite_verl.loop import prepare, train_step
 from lite_verl.rollout.base import SamplingSettings
 from lite_verl.rollout.hf import left_pad, response_mask_after_eos
-
-SMALL = [
-    "trainer.batch_size=4",
-    "rollout.n=4",
-    "data.task_size=64",
-    "data.val_size=0",
-    "trainer.progress=false",
-]
 
 
 def test_response_mask_stops_after_first_eos():
@@ -93,3 +86,18 @@ def test_update_changes_the_policy_and_reference_stays():
         ref_after, _ = session.backend.forward(*args, reference=True)
     assert not torch.allclose(after, before)
     assert torch.allclose(ref_after, ref_before)
+
+
+def test_response_texts_decode_only_valid_tokens(tiny_dir):
+    """Padding may be an ordinary token of a real tokenizer (id 0 is '!' in Qwen's): never decode it."""
+    from transformers import AutoTokenizer
+
+    from lite_verl.batch import RolloutBatch
+
+    tok = AutoTokenizer.from_pretrained(tiny_dir)
+    word = tok("cccc", add_special_tokens=False)["input_ids"]
+    filler = tok("a", add_special_tokens=False)["input_ids"][0]  # a normal token used as padding
+    ids = torch.tensor([word + [filler] * 3])
+    mask = torch.tensor([[1] * len(word) + [0] * 3])
+    batch = RolloutBatch(ids[:, :1], torch.ones(1, 1, dtype=torch.long), ids, mask, torch.zeros(ids.shape))
+    assert batch.response_texts(tok) == ["cccc"]

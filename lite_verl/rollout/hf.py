@@ -77,10 +77,15 @@ class HFRolloutEngine:
             return_dict_in_generate=True,
         )
         response_ids = out.sequences[:, prompt_ids.shape[1] :].cpu()
-        logits = torch.stack(out.logits, dim=1).float().cpu()  # [B, R, V] raw logits
-        if not greedy:
-            logits = logits / sampling.temperature
-        log_probs = log_probs_from_logits(logits, response_ids)
+        # one step at a time: stacking would copy [B, R, V], which a 150k vocabulary cannot afford
+        temperature = 1.0 if greedy else sampling.temperature
+        log_probs = torch.stack(
+            [
+                log_probs_from_logits(step.float() / temperature, tokens.to(step.device)).cpu()
+                for step, tokens in zip(out.logits, response_ids.T)
+            ],
+            dim=1,
+        )  # [B, R]
         mask = response_mask_after_eos(response_ids, self.eos_ids)
         response_ids = torch.where(mask.bool(), response_ids, torch.full_like(response_ids, self.pad_id))
         return RolloutBatch(prompt_ids, prompt_mask, response_ids, mask, log_probs * mask)
