@@ -7,6 +7,15 @@ from pathlib import Path
 
 import pytest
 
+# a few prompts and samples per step: fast CPU runs of the real loop
+SMALL = [
+    "trainer.batch_size=4",
+    "rollout.n=4",
+    "data.task_size=64",
+    "data.val_size=0",
+    "trainer.progress=false",
+]
+
 REPO = Path(__file__).resolve().parent.parent
 SHARED_GSM8K = REPO.parent / "shared" / "data" / "gsm8k"
 

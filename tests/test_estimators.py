@@ -6,18 +6,11 @@ import json
 import math
 
 import pytest
+from conftest import SMALL
 
 from lite_verl.config import load_config
 from lite_verl.loop import prepare, run_training
 from lite_verl.rundir import RunDir, read_metrics
-
-SMALL = [
-    "trainer.batch_size=4",
-    "rollout.n=4",
-    "data.task_size=64",
-    "data.val_size=0",
-    "trainer.progress=false",
-]
 
 
 def _run(tmp_path, overrides: list[str], steps: int) -> list[dict]:
