@@ -75,7 +75,9 @@ class VLLMRolloutEngine:
         )
         options = WorkerOptions(
             model=str(model_path),
-            dtype=cfg.model.dtype if r.gpus else "bfloat16" if cfg.model.dtype == "bfloat16" else "float32",
+            dtype="float32"
+            if not r.gpus and cfg.model.dtype == "float16"
+            else cfg.model.dtype,  # no fp16 on CPU
             gpu_memory_utilization=r.gpu_memory_utilization,
             max_model_len=cfg.data.max_prompt_length + r.max_new_tokens,
             max_lora_rank=_lora_rank_slot(cfg.train.lora_rank) if self.mode == "adapter" else 0,
