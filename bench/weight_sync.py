@@ -62,6 +62,7 @@ def bench(size: str, root: Path) -> None:
     engine = session.engine
     step = iter(range(1, 1000))
     adapter_s = _time(lambda: engine.sync_weights(next(step)), 5)
+    parts = dict(engine.last_sync_parts)
     adapter_bytes = sum(f.stat().st_size for f in (engine.shm / f"v{engine.version}").glob("*.safetensors"))
     engine.close()
     merged_engine = VLLMRolloutEngine(_config(path, "merged"), path, session.tokenizer, session.backend)
@@ -75,11 +76,13 @@ def bench(size: str, root: Path) -> None:
     for metric, value, unit in [
         ("adapter_sync_s", adapter_s, "s"), ("adapter_bytes", adapter_bytes, "bytes"),
         ("adapter_sync_GBps", adapter_bytes / adapter_s / 1e9, "GB/s"),
+        ("adapter_export_s", parts["export_s"], "s"), ("adapter_vllm_load_s", parts["load_s"], "s"),
         ("merged_sync_s", merged_s, "s"), ("merged_bytes", merged_bytes, "bytes"),
         ("merged_sync_GBps", merged_bytes / merged_s / 1e9, "GB/s"),
     ]:  # fmt: skip
         append("weight_sync", model, settings, metric, float(value), unit, cmd)
-    print(f"{size}: adapter {adapter_s * 1e3:.1f} ms ({adapter_bytes / 1e6:.1f} MB), "
+    print(f"{size}: adapter {adapter_s * 1e3:.1f} ms ({adapter_bytes / 1e6:.1f} MB; last: export "
+          f"{parts['export_s'] * 1e3:.1f} ms, vLLM load {parts['load_s'] * 1e3:.1f} ms), "
           f"merged {merged_s:.3f} s ({merged_bytes / 1e9:.2f} GB, {merged_bytes / merged_s / 1e9:.1f} GB/s)", flush=True)  # fmt: skip
     del session
     torch.cuda.empty_cache()

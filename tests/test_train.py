@@ -101,3 +101,17 @@ def test_response_texts_decode_only_valid_tokens(tiny_dir):
     mask = torch.tensor([[1] * len(word) + [0] * 3])
     batch = RolloutBatch(ids[:, :1], torch.ones(1, 1, dtype=torch.long), ids, mask, torch.zeros(ids.shape))
     assert batch.response_texts(tok) == ["cccc"]
+
+
+@pytest.mark.parametrize("dtype", [None, torch.bfloat16])
+def test_flat_safetensors_file_reads_back_with_safetensors(tmp_path, dtype):
+    from safetensors.torch import load_file
+
+    from lite_verl.tensorfile import save_flat
+
+    tensors = {"a.lora_A.weight": torch.randn(3, 4), "b": torch.randn(5), "c": torch.randn(2, 2, 2)}
+    save_flat(tensors, tmp_path / "x.safetensors", dtype)
+    back = load_file(str(tmp_path / "x.safetensors"))
+    assert list(back) == list(tensors)
+    for k, v in tensors.items():
+        assert torch.equal(back[k], v.to(dtype or v.dtype))

@@ -32,28 +32,11 @@ def _session(*extra: str):
     return prepare(load_config("laptop", None, [*SMALL, *device, *extra]))
 
 
-def _trainer_logprobs(session, seqs: list[list[int]], prompt_len: list[int]) -> list[torch.Tensor]:
-    out = []
-    for s, p in zip(seqs, prompt_len):
-        ids = torch.tensor([s])
-        with torch.no_grad():
-            lp, _ = session.backend.forward(ids, torch.ones_like(ids), len(s) - p, 1.0)
-        out.append(lp[0].float().cpu())
-    return out
-
-
 def _gap(session, rollout) -> float:
     """Mean |vLLM - trainer| log-prob over the responses of `rollout`, scored by both."""
-    seqs, plens = [], []
-    for i in range(rollout.response_ids.shape[0]):
-        p = rollout.prompt_ids[i][rollout.prompt_mask[i].bool()].tolist()
-        r = rollout.response_ids[i][rollout.response_mask[i].bool()].tolist()
-        seqs.append(p + r)
-        plens.append(len(p))
-    vllm_lp = session.engine.score(seqs)
-    trainer_lp = _trainer_logprobs(session, seqs, plens)
-    gaps = [(torch.tensor(v[p - 1 :]) - t).abs() for v, t, p in zip(vllm_lp, trainer_lp, plens)]
-    return float(torch.cat(gaps).mean())
+    from lite_verl.rollout.vllm_engine import fixed_response_gap
+
+    return float(fixed_response_gap(session.engine, session.backend, rollout)[0].mean())
 
 
 def _train_one_step(session):

@@ -66,6 +66,7 @@ class VLLMRolloutEngine:
         self.colocated = bool(r.gpus) and r.gpus == cfg.train.gpus
         self.sleeping = False
         self.version = 0
+        self.last_sync_parts: dict[str, float] = {}
         self.pad_id = int(tokenizer.pad_token_id)
         self.eos_ids = sorted({int(tokenizer.eos_token_id)} | _generation_eos(model_path))
         self.shm = Path(
@@ -73,11 +74,10 @@ class VLLMRolloutEngine:
                 prefix="lite-verl-adapters-", dir="/dev/shm" if Path("/dev/shm").is_dir() else None
             )
         )
+        self.serving_dtype = "float32" if not r.gpus and cfg.model.dtype == "float16" else cfg.model.dtype
         options = WorkerOptions(
             model=str(model_path),
-            dtype="float32"
-            if not r.gpus and cfg.model.dtype == "float16"
-            else cfg.model.dtype,  # no fp16 on CPU
+            dtype=self.serving_dtype,  # no fp16 on CPU
             gpu_memory_utilization=r.gpu_memory_utilization,
             max_model_len=cfg.data.max_prompt_length + r.max_new_tokens,
             max_lora_rank=_lora_rank_slot(cfg.train.lora_rank) if self.mode == "adapter" else 0,
@@ -185,8 +185,11 @@ class VLLMRolloutEngine:
     def _push_adapter(self, step: int) -> None:
         version = self.version + 1
         path = self.shm / f"v{version}"
-        self.backend.export_adapter(path)
+        t0 = time.perf_counter()
+        self.backend.export_adapter(path, self.serving_dtype)
+        t1 = time.perf_counter()
         self._call("add_adapter", version=version, path=str(path))
+        self.last_sync_parts = {"export_s": t1 - t0, "load_s": time.perf_counter() - t1}
         old = self.shm / f"v{self.version}"
         shutil.rmtree(old, ignore_errors=True)
         self.version = version
@@ -222,3 +225,26 @@ def _generation_eos(model_path: Path) -> set[int]:
     if eos is None:
         return set()
     return {int(e) for e in (eos if isinstance(eos, list) else [eos])}
+
+
+def fixed_response_gap(engine: VLLMRolloutEngine, backend, rollout: RolloutBatch) -> tuple[torch.Tensor, list[list[float]]]:
+    """Score rollout's (prompt, response) pairs with vLLM (prompt log-probs) and with the trainer.
+
+    -> (|vLLM - trainer| per response token, concatenated; vLLM's log-probs per response). This is the
+    check that a sync put the trainer's weights into the engine: both sides see the same fixed tokens.
+    """
+    seqs, plens = [], []
+    for i in range(rollout.response_ids.shape[0]):
+        p = rollout.prompt_ids[i][rollout.prompt_mask[i].bool()].tolist()
+        r = rollout.response_ids[i][rollout.response_mask[i].bool()].tolist()
+        if r:
+            seqs.append(p + r)
+            plens.append(len(p))
+    engine_lps = [v[p - 1 :] for v, p in zip(engine.score(seqs), plens)]
+    gaps = []
+    for s, p, v in zip(seqs, plens, engine_lps):
+        ids = torch.tensor([s])
+        with torch.no_grad():
+            lp, _ = backend.forward(ids, torch.ones_like(ids), len(s) - p, 1.0)
+        gaps.append((torch.tensor(v) - lp[0].float().cpu()).abs())
+    return torch.cat(gaps), engine_lps

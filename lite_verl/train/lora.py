@@ -153,23 +153,23 @@ class LoraBackend:
         self.model.train(on)
 
     # --- weight sync into a rollout engine --------------------------------------------------------
-    def export_adapter(self, directory: Path) -> None:
+    def export_adapter(self, directory: Path, dtype: str | None = None) -> None:
         """The actor's adapter only, in peft's format (adapter_config.json + adapter_model.safetensors),
-        for vLLM's LoRARequest. Written directly (not save_pretrained): this runs after every update."""
+        for vLLM's LoRARequest, cast to the serving dtype (vLLM casts to it anyway). Written as one
+        buffer (lite_verl.tensorfile), not with save_pretrained: this runs after every update."""
         import json
 
         from peft import get_peft_model_state_dict
-        from safetensors.torch import save_file
+
+        from lite_verl.device import torch_dtype
+        from lite_verl.tensorfile import save_flat
 
         directory.mkdir(parents=True, exist_ok=True)
         if self._adapter_config_json is None:
             self._adapter_config_json = json.dumps(self.model.peft_config["default"].to_dict(), default=list)
         (directory / "adapter_config.json").write_text(self._adapter_config_json)
         state = get_peft_model_state_dict(self.model, adapter_name="default")
-        save_file(
-            {k: v.detach().contiguous().cpu() for k, v in state.items()},
-            str(directory / "adapter_model.safetensors"),
-        )
+        save_flat(state, directory / "adapter_model.safetensors", torch_dtype(dtype) if dtype else None)
 
     @torch.no_grad()
     def merged_weight_buckets(self, bucket_bytes: int, dtype: str):
@@ -188,7 +188,9 @@ class LoraBackend:
             if not isinstance(module, LoraLayer) or "default" not in module.lora_A:
                 continue
             base = module.get_base_layer()
-            merged = (base.weight + module.get_delta_weight("default")).to(torch_dtype(dtype))
+            # add in fp32, round once: a bf16 sum would add its own rounding to the serving weights
+            delta = module.get_delta_weight("default").float()
+            merged = (base.weight.float() + delta).to(torch_dtype(dtype))
             bucket.append((name.removeprefix("base_model.model.") + ".weight", merged))
             size += merged.numel() * merged.element_size()
             if size >= bucket_bytes:
