@@ -24,5 +24,5 @@ case "${1:-}" in
   *) sed -n 2,10p "$0"; exit 2 ;;
 esac
 rc=${PIPESTATUS[0]}
-diff <(cat bench/results.jsonl.before) bench/results.jsonl | sed -n 's/^> //p' > "$OUT/results_new.jsonl"
+diff <(cat bench/results.jsonl.before) bench/results.jsonl | sed -n 's/^> //p' >> "$OUT/results_new.jsonl"
 exit $rc

@@ -33,7 +33,7 @@ def measure(model: Path, mode: str, lr: float, quantized: str = "none") -> dict[
     cfg = load_config("laptop", None, [
         f"model.path={model}", "model.dtype=bfloat16", "train.gpus=[0]", "rollout.gpus=[0]", "rollout.engine=vllm",
         "rollout.enforce_eager=true", "rollout.gpu_memory_utilization=0.3", f"sync.mode={mode}",
-        f"rollout.quantization={quantized}", "data.task=arithmetic", "data.task_size=64", "data.val_size=0",
+        f"rollout.quantization={quantized}", "algorithm.rollout_correction=token", "data.task=arithmetic", "data.task_size=64", "data.val_size=0",
         "data.max_prompt_length=256", "rollout.max_new_tokens=64", "trainer.batch_size=8", "rollout.n=4",
         f"train.lr={lr}", "cost.gpu_models=[GPU]", "cost.price_per_hour={GPU: 0.0, cpu: 0.0}",
     ])  # fmt: skip
@@ -49,8 +49,8 @@ def measure(model: Path, mode: str, lr: float, quantized: str = "none") -> dict[
             "gap_before_mean": float(gap_before.mean()), "gap_before_max": float(gap_before.max()),
             "gap_after_mean": float(gap_after.mean()), "gap_after_max": float(gap_after.max()),
             "vllm_logprob_moved_mean": float(moved.mean()), "sync_s": metrics["timing/sync_s"],
-            "rollout_gap_mean": metrics.get("rollout/logprob_gap_mean", float("nan")),
             "tokens": float(gap_after.numel()),
+            "rollout_gap_mean": metrics["rollout/logprob_gap_mean"],  # sampled tokens, step 1
         }  # fmt: skip
     finally:
         session.engine.close()

@@ -34,6 +34,7 @@ class ModelConfig:
     )
     dtype: str = "float32"  # float32 | bfloat16 | float16: weights and compute of the trained model
     trust_remote_code: bool = False  # passed to from_pretrained for models with custom code
+    fp32_lm_head: bool = True  # bf16/fp16 models: LM head in fp32 in the trainer and in vLLM (fewer mismatches)
 
 
 @dataclass(frozen=True)

@@ -107,7 +107,7 @@ def prepare(cfg: Config) -> Session:
     train_set, val_set = load_prompt_sets(cfg.data, tokenizer, cfg.trainer.seed)
     device = role_device(cfg.train.gpus)
     base = load_model(path, cfg.model, device)
-    backend = LoraBackend(base, cfg.train, device, cfg.trainer.seed)
+    backend = LoraBackend(base, cfg.train, device, cfg.trainer.seed, cfg.model.fp32_lm_head)
     if cfg.algorithm.adv_estimator == "gae":
         backend.enable_critic(cfg.critic)
     if cfg.rollout.engine == "vllm":

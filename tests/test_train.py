@@ -115,3 +115,25 @@ def test_flat_safetensors_file_reads_back_with_safetensors(tmp_path, dtype):
     assert list(back) == list(tensors)
     for k, v in tensors.items():
         assert torch.equal(back[k], v.to(dtype or v.dtype))
+
+
+def test_fp32_head_matches_a_float64_reference_forward_and_backward():
+    from lite_verl.train import head
+
+    torch.manual_seed(0)
+    h = torch.randn(2, 3, 16, dtype=torch.bfloat16, requires_grad=True)
+    w = torch.randn(40, 16, dtype=torch.bfloat16, requires_grad=True)
+    old, head.CHUNK_ROWS = head.CHUNK_ROWS, 7  # several chunks, the last one short
+    try:
+        out = head.fp32_logits(h, w)
+        (out * torch.arange(40.0)).sum().backward()
+    finally:
+        head.CHUNK_ROWS = old
+    h64, w64 = h.detach().double().requires_grad_(), w.detach().double().requires_grad_()
+    ref = h64 @ w64.t()
+    (ref * torch.arange(40.0, dtype=torch.float64)).sum().backward()
+    assert out.dtype == torch.float32
+    assert torch.allclose(out.double(), ref, rtol=1e-6, atol=1e-5)
+    assert torch.allclose(h.grad.double(), h64.grad.to(torch.bfloat16).double(), rtol=1e-2, atol=1e-2)
+    assert torch.allclose(w.grad.double(), w64.grad.to(torch.bfloat16).double(), rtol=1e-2, atol=1e-2)
+

@@ -78,6 +78,37 @@ def test_sync_makes_vllm_match_the_trainer(mode):
         session.engine.close()
 
 
+def test_merged_sync_of_some_targets_keeps_fused_siblings_and_biases(tmp_path, tiny_dir):
+    """LoRA on q_proj/v_proj only: vLLM reloads the fused qkv layer whole, so k_proj and every bias
+    must travel too (else they are left uninitialised). Non-zero biases make that visible."""
+    import shutil
+
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_dir)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("bias"):
+                p.normal_(0, 0.5, generator=torch.Generator().manual_seed(0))
+    model.save_pretrained(tmp_path / "m")
+    for f in tiny_dir.iterdir():
+        if "token" in f.name or f.name in ("generation_config.json", "chat_template.jinja"):
+            shutil.copy(f, tmp_path / "m" / f.name)
+    session = _session(f"model.path={tmp_path / 'm'}", "sync.mode=merged", "train.target_modules=[q_proj,v_proj]",
+                       "train.lr=0.05")  # fmt: skip
+    try:
+        from lite_verl.rollout.base import SamplingSettings
+
+        prompts = session.train_set.token_ids[:4]
+        before = session.engine.generate(prompts, SamplingSettings(n=2, max_new_tokens=8), seed=3)
+        tol = 0.05 if has_cuda() else 0.02
+        assert _gap(session, before) <= tol
+        _train_one_step(session)
+        assert _gap(session, before) <= tol  # the same fixed responses, after the merged sync
+    finally:
+        session.engine.close()
+
+
 def test_adapter_versions_do_not_pile_up():
     session = _session("sync.mode=adapter")
     try:

@@ -90,3 +90,33 @@ def reset_prefix_cache(llm: Any) -> None:
     fn = getattr(llm, "reset_prefix_cache", None)
     if fn is not None:
         fn()
+
+
+def fp32_lm_head() -> dict[str, Any]:
+    """Make vLLM compute the LM head in fp32 (see lite_verl/train/head.py for why).
+
+    Newer vLLM honours `head_dtype` for generation models (hf_overrides); older ones (0.26) get the
+    unquantized head's matmul replaced in this worker process, with the same fp32 accumulation.
+    -> extra LLM(...) keyword arguments.
+    """
+    from vllm.model_executor.layers import logits_processor
+
+    if hasattr(logits_processor.LogitsProcessor, "_apply_head"):
+        return {"hf_overrides": {"head_dtype": "float32"}}
+    import torch
+    import torch.nn.functional as F
+    from vllm.model_executor.layers.vocab_parallel_embedding import UnquantizedEmbeddingMethod
+
+    if getattr(UnquantizedEmbeddingMethod.apply, "_lite_verl_fp32", False):
+        return {}
+
+    def apply(self, layer, x, bias=None):
+        if x.is_cuda and x.dtype in (torch.bfloat16, torch.float16):
+            flat = torch.mm(x.reshape(-1, x.shape[-1]), layer.weight.t(), out_dtype=torch.float32)
+            out = flat.reshape(*x.shape[:-1], -1)
+            return out if bias is None else out + bias.float()
+        return F.linear(x.float(), layer.weight.float(), None if bias is None else bias.float())
+
+    apply._lite_verl_fp32 = True  # type: ignore[attr-defined]
+    UnquantizedEmbeddingMethod.apply = apply
+    return {}

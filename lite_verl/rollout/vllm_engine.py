@@ -85,6 +85,7 @@ class VLLMRolloutEngine:
             sleep_mode=self.colocated and torch.cuda.is_available(),
             seed=cfg.trainer.seed,
             quantization="awq_marlin" if r.quantization == "awq" else None,
+            fp32_lm_head=cfg.model.fp32_lm_head and self.serving_dtype != "float32",
         )
         env = {
             "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
@@ -195,12 +196,15 @@ class VLLMRolloutEngine:
         self.version = version
 
     def _push_merged(self) -> None:
+        """Buckets go one at a time (extra peak memory: one bucket on each side), then the prefix cache
+        is reset: cached KV was computed with the old weights."""
         share_cuda = self.colocated and torch.cuda.is_available()
         bucket_bytes = int(self.cfg.sync.bucket_mb * 2**20)
-        buckets = list(self.backend.merged_weight_buckets(bucket_bytes, self.cfg.model.dtype))
-        for i, bucket in enumerate(buckets):
+        for bucket in self.backend.merged_weight_buckets(bucket_bytes, self.cfg.model.dtype):
             payload = bucket if share_cuda else [(n, t.cpu()) for n, t in bucket]
-            self._call("load_weights", named_tensors=payload, last=i == len(buckets) - 1)
+            self._call("load_weights", named_tensors=payload)
+            del bucket, payload
+        self._call("weights_loaded")
         self.version += 1
 
     def stats(self) -> dict[str, Any]:

@@ -4,7 +4,7 @@ The controller (loop.py, through VLLMRolloutEngine) sends small typed commands o
 ids and log-probs come back as CPU tensors (shared memory, not pickled lists); weights arrive in
 buckets, as CUDA tensors (IPC, no copy) when the trainer shares the GPU, else as CPU tensors.
 
-Commands: generate, score, add_adapter, load_weights, sleep, wake, stats, close.
+Commands: generate, score, add_adapter, load_weights, weights_loaded, sleep, wake, stats, close.
 The vLLM engine core runs inside this process (VLLM_ENABLE_V1_MULTIPROCESSING=0), so weight loads
 reach the model runner directly through a worker extension.
 """
@@ -41,12 +41,13 @@ class WorkerOptions:
     sleep_mode: bool
     seed: int
     quantization: str | None = None
+    fp32_lm_head: bool = False
 
 
 def _make_llm(o: WorkerOptions):
     from vllm import LLM
 
-    from lite_verl.rollout.vllm_compat import llm_kwargs
+    from lite_verl.rollout.vllm_compat import fp32_lm_head, llm_kwargs
 
     kwargs = llm_kwargs(
         model=o.model,
@@ -63,6 +64,7 @@ def _make_llm(o: WorkerOptions):
         worker_extension_cls="lite_verl.rollout.vllm_worker.LiteVerlWorkerExtension",
         quantization=o.quantization,
         enable_prefix_caching=True,
+        **(fp32_lm_head() if o.fp32_lm_head else {}),
     )
     if o.max_lora_rank == 0:
         kwargs = {k: v for k, v in kwargs.items() if k not in ("max_lora_rank", "max_loras")}
@@ -130,12 +132,13 @@ class _Server:
         self.lora = LoRARequest(lora_name=f"v{version}", lora_int_id=version, lora_path=path)
         add_lora(self.llm, self.lora)  # load now, so the sync time is the real cost
 
-    def load_weights(self, named_tensors: list[tuple[str, torch.Tensor]], last: bool) -> None:
+    def load_weights(self, named_tensors: list[tuple[str, torch.Tensor]]) -> None:
+        self.llm.collective_rpc("lite_verl_load_weights", args=(named_tensors,))
+
+    def weights_loaded(self) -> None:
         from lite_verl.rollout.vllm_compat import reset_prefix_cache
 
-        self.llm.collective_rpc("lite_verl_load_weights", args=(named_tensors,))
-        if last:
-            reset_prefix_cache(self.llm)
+        reset_prefix_cache(self.llm)
 
     def sleep(self) -> None:
         self.llm.sleep(level=1)

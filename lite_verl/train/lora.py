@@ -18,7 +18,9 @@ from lite_verl.errors import ConfigError
 
 
 class LoraBackend:
-    def __init__(self, base: torch.nn.Module, cfg: TrainConfig, device: torch.device, seed: int) -> None:
+    def __init__(
+        self, base: torch.nn.Module, cfg: TrainConfig, device: torch.device, seed: int, fp32_lm_head: bool = True
+    ) -> None:
         from peft import LoraConfig, get_peft_model
 
         self.device = device
@@ -43,6 +45,11 @@ class LoraBackend:
             self.model.gradient_checkpointing_enable()
             self.model.enable_input_require_grads()
         self.params = [p for p in self.model.parameters() if p.requires_grad]
+        head = self.model.get_base_model().get_output_embeddings()
+        # the head in fp32 (train/head.py) when it is a plain linear layer of a bf16/fp16 model
+        self.fp32_head = (
+            fp32_lm_head and type(head) is torch.nn.Linear and head.bias is None and head.weight.dtype != torch.float32
+        )
         self.optimizer = torch.optim.AdamW(self.params, lr=cfg.lr, weight_decay=cfg.weight_decay)
         self.grad_clip = cfg.grad_clip
         self.value_head: torch.nn.Linear | None = None
@@ -121,11 +128,16 @@ class LoraBackend:
         return self._log_probs(input_ids, attention_mask, response_length, temperature, with_entropy)
 
     def _log_probs(self, input_ids, attention_mask, response_length, temperature, with_entropy):
-        out = self.model(
-            input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids(attention_mask)
-        )
+        kwargs = dict(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids(attention_mask))
         # logits at position t predict token t+1: the response tokens are predicted by [P-1, P+R-1)
-        logits = out.logits[:, -response_length - 1 : -1].float()
+        if self.fp32_head:
+            from lite_verl.train.head import fp32_logits
+
+            causal_lm = self.model.get_base_model()
+            hidden = causal_lm.base_model(**kwargs).last_hidden_state[:, -response_length - 1 : -1]
+            logits = fp32_logits(hidden, causal_lm.get_output_embeddings().weight)
+        else:
+            logits = self.model(**kwargs).logits[:, -response_length - 1 : -1].float()
         if temperature > 0:
             logits = logits / temperature
         targets = input_ids[:, -response_length:]
@@ -172,27 +184,46 @@ class LoraBackend:
         save_flat(state, directory / "adapter_model.safetensors", torch_dtype(dtype) if dtype else None)
 
     @torch.no_grad()
-    def merged_weight_buckets(self, bucket_bytes: int, dtype: str):
-        """Yield lists of (HF name, W + s * B @ A) for every adapted linear layer, about bucket_bytes each.
+    def merged_linears(self):
+        """Yield, per module holding adapted layers, [(HF module name, W + s * B @ A in fp32, bias)].
 
-        Only adapted layers change under LoRA, so only they are sent. Tensors stay on the trainer's
-        device; a bucket is freed once the caller moves on.
+        Only adapted layers change under LoRA, but vLLM fuses siblings (q/k/v, gate/up) and reloads a
+        fused layer whole: a sibling or bias left out would be left uninitialised. So every linear
+        layer of such a module is sent (unadapted ones as they are), and a group is never split.
         """
         from peft.tuners.lora import LoraLayer
 
+        parents: dict[str, None] = {}
+        for name, module in self.model.named_modules():
+            if isinstance(module, LoraLayer) and "default" in module.lora_A:
+                parents[name.rsplit(".", 1)[0]] = None
+        for parent in parents:
+            group = []
+            for child_name, child in self.model.get_submodule(parent).named_children():
+                name = f"{parent}.{child_name}".removeprefix("base_model.model.")
+                if isinstance(child, LoraLayer) and "default" in child.lora_A:
+                    base = child.get_base_layer()
+                    weight = base.weight.float() + child.get_delta_weight("default").float()
+                elif isinstance(child, torch.nn.Linear):
+                    base, weight = child, child.weight.float()
+                else:
+                    continue
+                group.append((name, weight, base.bias))
+            yield group
+
+    def merged_weight_buckets(self, bucket_bytes: int, dtype: str):
+        """Lists of (HF parameter name, tensor in `dtype`) of about bucket_bytes each (whole groups of
+        merged_linears, summed in fp32 and rounded once). Tensors stay on the trainer's device."""
         from lite_verl.device import torch_dtype
 
         bucket: list[tuple[str, torch.Tensor]] = []
         size = 0
-        for name, module in self.model.named_modules():
-            if not isinstance(module, LoraLayer) or "default" not in module.lora_A:
-                continue
-            base = module.get_base_layer()
-            # add in fp32, round once: a bf16 sum would add its own rounding to the serving weights
-            delta = module.get_delta_weight("default").float()
-            merged = (base.weight.float() + delta).to(torch_dtype(dtype))
-            bucket.append((name.removeprefix("base_model.model.") + ".weight", merged))
-            size += merged.numel() * merged.element_size()
+        for group in self.merged_linears():
+            for name, weight, bias in group:
+                for n, t in [(name + ".weight", weight)] + ([(name + ".bias", bias)] if bias is not None else []):
+                    t = t.to(torch_dtype(dtype))
+                    bucket.append((n, t))
+                    size += t.numel() * t.element_size()
             if size >= bucket_bytes:
                 yield bucket
                 bucket, size = [], 0
