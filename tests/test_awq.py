@@ -1,0 +1,111 @@
+"""AWQ: packing, the calibration recipe, and re-quantization of changed weights (AutoAWQ on CPU)."""
+
+from __future__ import annotations
+
+import importlib.util
+import warnings
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from lite_verl.quant.awq import AWQSettings, dequantize, pack_int4, quantize_weight, unpack_int4
+
+needs_autoawq = pytest.mark.skipif(
+    importlib.util.find_spec("awq") is None, reason="autoawq is not installed: pip install 'lite-verl[awq]'"
+)
+
+
+def test_pack_unpack_round_trip():
+    g = torch.Generator().manual_seed(0)
+    ints = torch.randint(0, 16, (24, 64), generator=g, dtype=torch.int32)
+    packed = pack_int4(ints)
+    assert packed.shape == (24, 8) and packed.dtype == torch.int32
+    assert torch.equal(unpack_int4(packed), ints)
+    assert (packed < 0).any()  # nibble 15 in the top position: the sign bit is used, as in AutoAWQ
+
+
+def test_dequantized_weight_is_within_half_a_step():
+    w = torch.randn(32, 256, generator=torch.Generator().manual_seed(1)).half()
+    qweight, qzeros, scales = quantize_weight(w, 128)
+    back = dequantize(qweight, qzeros, scales, 128)
+    step = scales.float().repeat_interleave(128, dim=0).t()
+    assert ((back - w.float()).abs() <= step * 0.5 + 1e-3).all()
+
+
+@needs_autoawq
+@pytest.mark.parametrize("group", [32, 128])
+def test_packing_is_bit_for_bit_autoawq(group):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        from awq.modules.linear.gemm import WQLinear_GEMM
+        from awq.quantize.quantizer import AwqQuantizer
+
+    g = torch.Generator().manual_seed(group)
+    linear = torch.nn.Linear(256, 64, bias=True).half()
+    with torch.no_grad():
+        linear.weight.copy_(torch.randn(64, 256, generator=g) * torch.rand(1, 256, generator=g) * 0.1)
+    me = SimpleNamespace(group_size=group, zero_point=True, w_bit=4)
+    w0 = linear.weight.data.clone()
+    linear.weight.data, scales, zeros = AwqQuantizer.pseudo_quantize_tensor(me, linear.weight.data)
+    ref = WQLinear_GEMM.from_linear(linear, 4, group, scales=scales.t().contiguous(), zeros=zeros.t().contiguous())
+    qweight, qzeros, s = quantize_weight(w0, group)
+    assert torch.equal(qweight, ref.qweight)
+    assert torch.equal(qzeros, ref.qzeros)
+    assert torch.equal(s, ref.scales)
+
+
+@pytest.fixture(scope="module")
+def awq_model(tmp_path_factory, tiny_dir):
+    from lite_verl.quant.awq import quantize_model
+
+    calib = [[(i * 7 + j) % 300 + 3 for j in range(48)] for i in range(40)]
+    out = tmp_path_factory.mktemp("awq") / "tiny-awq"
+    return quantize_model(tiny_dir, out, calib, AWQSettings(group_size=64, max_calib_seq_len=128))
+
+
+@needs_autoawq
+def test_requantizing_the_unchanged_model_reproduces_autoawq_exactly(awq_model, tiny_dir):
+    from safetensors.torch import load_file
+    from transformers import AutoModelForCausalLM
+
+    from lite_verl.quant.awq import AWQRecipe
+
+    recipe = AWQRecipe.load(awq_model)
+    saved = load_file(str(awq_model / "model.safetensors"))
+    model = AutoModelForCausalLM.from_pretrained(tiny_dir)
+    modules = dict(model.named_modules())
+    assert recipe.quantized and len(recipe.groups) >= 2 * 3
+    for name in sorted(recipe.quantized):
+        lin = modules[name]
+        for key, t in recipe.quantize_linear(name, lin.weight.data, lin.bias).items():
+            assert torch.equal(t, saved[key]), key
+    for prev, _, _ in recipe.groups:  # the norms AWQ divided by its scales
+        if modules[prev].weight.dim() == 1:
+            w, _ = recipe.transform(prev, modules[prev].weight.data, None)
+            assert torch.equal(w, saved[prev + ".weight"].half()), prev
+
+
+@needs_autoawq
+def test_lora_factors_map_an_adapter_into_the_quantized_space(awq_model, tiny_dir):
+    """For each linear layer: (W * s_in) / s_out applied to x / s_in gives W x / s_out; the adapter
+    mapped with the same factors lands exactly where the quantized base expects it."""
+    from transformers import AutoModelForCausalLM
+
+    from lite_verl.quant.awq import AWQRecipe
+
+    recipe = AWQRecipe.load(awq_model)
+    modules = dict(AutoModelForCausalLM.from_pretrained(tiny_dir).named_modules())
+    g = torch.Generator().manual_seed(0)
+    for name in sorted(recipe.quantized):
+        w = modules[name].weight.data.double()
+        s_in, s_out = recipe.lora_factors(name)
+        s_in = torch.ones(w.shape[1], dtype=torch.float64) if s_in is None else s_in.double()
+        s_out = torch.ones(w.shape[0], dtype=torch.float64) if s_out is None else s_out.double()
+        a, b = torch.randn(4, w.shape[1], generator=g).double(), torch.randn(w.shape[0], 4, generator=g).double()
+        x = torch.randn(w.shape[1], generator=g).double()
+        a2, b2 = a * s_in, b / s_out[:, None]
+        assert torch.allclose(b2 @ (a2 @ (x / s_in)), (b @ a @ x) / s_out)
+    # norms precede q/k/v and gate/up; up_proj feeds down_proj: the factors exist where AWQ put them
+    assert any(recipe.lora_factors(n)[0] is not None for n in recipe.quantized if n.endswith("q_proj"))
+    assert any(recipe.lora_factors(n)[1] is not None for n in recipe.quantized if n.endswith("up_proj"))
