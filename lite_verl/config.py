@@ -58,7 +58,9 @@ class RolloutConfig:
     max_new_tokens: int = 16  # response length limit in tokens
     gpus: tuple[int, ...] = ()  # local GPU ids for rollout; empty = CPU
     gpu_memory_utilization: float = 0.5  # vLLM: fraction of each rollout GPU it may take
-    quantization: str = "none"  # none | awq: weights the rollout engine serves
+    quantization: str = "none"  # none | awq: weights the rollout engine serves (awq: 4-bit, vLLM only)
+    quantized_path: str = ""  # awq: a model dir from `lite-verl quantize`; empty = quantize on first use (cached)
+    awq_group_size: int = 128  # awq: input channels per quantization group (32, 64 or 128)
     enforce_eager: bool = False  # vLLM: no CUDA graphs / compile (faster start, slower decode)
 
 
@@ -109,7 +111,7 @@ class AlgorithmConfig:
     entropy_coeff: float = 0.0  # entropy bonus coefficient (loss -= coeff * entropy)
     ppo_epochs: int = 1  # passes over each rollout batch
     ppo_mini_batch_size: int = 0  # prompts per optimizer step; 0 = the whole batch (one step per rollout)
-    rollout_correction: str = "none"  # none | token | sequence: truncated IS for rollout/trainer mismatch
+    rollout_correction: str = "auto"  # auto | none | token | sequence: truncated IS for rollout/trainer mismatch (auto: token when the rollout is quantized, else none)
     rollout_is_threshold: float = 2.0  # C: IS weights are truncated at this value
 
 

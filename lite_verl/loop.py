@@ -100,6 +100,7 @@ def prepare(cfg: Config) -> Session:
     from lite_verl.rollout.hf import HFRolloutEngine
     from lite_verl.train.lora import LoraBackend
 
+    cfg = resolve_auto(cfg)
     torch.manual_seed(cfg.trainer.seed)
     reward_fn = load_reward_function(cfg.reward.function)
     path = resolve_model_path(cfg.model)
@@ -113,7 +114,10 @@ def prepare(cfg: Config) -> Session:
     if cfg.rollout.engine == "vllm":
         from lite_verl.rollout.vllm_engine import VLLMRolloutEngine
 
-        engine = VLLMRolloutEngine(cfg, path, tokenizer, backend)
+        serve = path
+        if cfg.rollout.quantization == "awq":
+            serve = _awq_model(cfg, path, train_set)
+        engine = VLLMRolloutEngine(cfg, serve, tokenizer, backend)
     else:
         engine = HFRolloutEngine(backend.model, tokenizer, device)
     kl_ctrl = make_kl_controller(cfg.algorithm)
@@ -125,6 +129,28 @@ def prepare(cfg: Config) -> Session:
         worker = RewardWorker(w.function, w.timeout_s, w.on_error, w.default_score)
     micro = MicroBatchSize(cfg.train.micro_batch_size)
     return Session(cfg, tokenizer, backend, engine, train_set, val_set, reward_fn, kl_ctrl, worker, micro)
+
+
+def resolve_auto(cfg: Config) -> Config:
+    """algorithm.rollout_correction=auto: token-level truncated IS when the rollout engine serves
+    quantized weights (its log-probs then differ from the trainer's by design), none otherwise."""
+    from dataclasses import replace
+
+    if cfg.algorithm.rollout_correction != "auto":
+        return cfg
+    mode = "token" if cfg.rollout.quantization != "none" else "none"
+    return replace(cfg, algorithm=replace(cfg.algorithm, rollout_correction=mode))
+
+
+def _awq_model(cfg: Config, path: Path, train_set: PromptSet) -> Path:
+    """rollout.quantized_path, or the cached AWQ model calibrated on this run's first 512 prompts."""
+    from lite_verl.quant.awq import AWQSettings, quantized_for_run
+
+    if cfg.rollout.quantized_path:
+        return Path(cfg.rollout.quantized_path)
+    calib = [list(ids) for ids in train_set.token_ids[:512]]
+    print(f"lite-verl: AWQ model for {path.name} (calibrating on {len(calib)} prompts unless cached)", file=sys.stderr)
+    return quantized_for_run(path, calib, AWQSettings(group_size=cfg.rollout.awq_group_size))
 
 
 def step_seed(seed: int, step: int) -> int:

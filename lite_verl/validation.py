@@ -7,6 +7,7 @@
 from __future__ import annotations
 
 import importlib.util
+from pathlib import Path
 
 from lite_verl.config import Config
 from lite_verl.errors import ConfigError, MissingDependency
@@ -24,7 +25,7 @@ ADV_ESTIMATORS = (
     "remax",
 )
 GROUP_ESTIMATORS = ("grpo", "dr_grpo", "rloo", "reinforce_plus_plus_baseline")
-CORRECTIONS = ("none", "token", "sequence")
+CORRECTIONS = ("auto", "none", "token", "sequence")
 KL_TYPES = ("kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3")
 LOSS_AGG_MODES = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
 SYNC_MODES = ("adapter", "merged")
@@ -33,7 +34,6 @@ QUANTIZATIONS = ("none", "awq")
 # Parts of the design that have their own issue and are not built yet. A preset may name them: it then
 # fails validation with this message instead of crashing later.
 NOT_BUILT = {
-    ("rollout.quantization", "awq"): "AWQ rollout is not built yet (the AWQ issue)",
     ("train.backend", "qlora"): "the QLoRA backend is not built yet (the big-models issue)",
     ("train.backend", "fsdp"): "the FSDP2 offload backend is not built yet (the big-models issue)",
     ("train.backend", "deepspeed"): "the DeepSpeed ZeRO-3 backend is not built yet (the big-models issue)",
@@ -94,6 +94,16 @@ def _check_rollout_train(cfg: Config) -> None:
     r, t = cfg.rollout, cfg.train
     _one_of("rollout.engine", r.engine, ENGINES)
     _one_of("rollout.quantization", r.quantization, QUANTIZATIONS)
+    if r.quantization == "awq":
+        if r.engine != "vllm":
+            raise ConfigError("rollout.quantization=awq needs rollout.engine=vllm (set it, or rollout.quantization=none)")
+        if r.awq_group_size not in (32, 64, 128):
+            raise ConfigError(f"rollout.awq_group_size={r.awq_group_size} must be 32, 64 or 128")
+        if r.quantized_path and not Path(r.quantized_path).is_dir():
+            raise ConfigError(
+                f"rollout.quantized_path={r.quantized_path!r} does not exist; make it with `lite-verl quantize` "
+                "or leave it empty to quantize on first use"
+            )
     _positive("rollout.n", r.n)
     _positive("rollout.temperature", r.temperature)
     if not 0 < r.top_p <= 1:
@@ -255,6 +265,10 @@ def check_environment(cfg: Config) -> None:
     if cfg.rollout.engine == "vllm" and importlib.util.find_spec("vllm") is None:
         raise MissingDependency("vllm", "vllm", "rollout.engine=vllm")
     needs = {"qlora": ("bitsandbytes", "qlora"), "deepspeed": ("deepspeed", "deepspeed")}
+    if cfg.rollout.quantization == "awq" and not cfg.rollout.quantized_path:
+        from lite_verl.quant.awq import require_autoawq
+
+        require_autoawq()
     if cfg.train.backend in needs:
         pkg, extra = needs[cfg.train.backend]
         if importlib.util.find_spec(pkg) is None:

@@ -155,3 +155,78 @@ def test_colocated_sleep_frees_memory_and_outputs_survive():
         assert torch.equal(a.response_ids, b.response_ids)
     finally:
         session.engine.close()
+
+
+needs_autoawq = pytest.mark.skipif(
+    importlib.util.find_spec("awq") is None, reason="autoawq is not installed: pip install 'lite-verl[awq]'"
+)
+AWQ = ["rollout.quantization=awq", "rollout.awq_group_size=64"]
+
+
+@needs_autoawq
+def test_awq_merged_sync_requantizes_exactly_then_follows_training():
+    session = _session(*AWQ, "sync.mode=merged", "train.lr=0.05")
+    try:
+        from lite_verl.rollout.base import SamplingSettings
+        from lite_verl.rollout.vllm_engine import fixed_response_gap
+
+        assert session.cfg.algorithm.rollout_correction == "token"  # auto: on for a quantized rollout
+        fixed = session.engine.generate(session.train_set.token_ids[:4], SamplingSettings(n=2, max_new_tokens=8), seed=5)
+        gap0, lp0 = fixed_response_gap(session.engine, session.backend, fixed)
+        session.engine.sync_weights(0)  # LoRA B = 0: the re-quantized model is the calibrated one, bit for bit
+        gap1, lp1 = fixed_response_gap(session.engine, session.backend, fixed)
+        assert torch.equal(torch.tensor(sum(lp1, [])), torch.tensor(sum(lp0, [])))
+        # the gap is the quantization error: the trainer with the dequantized AWQ weights matches vLLM
+        from lite_verl.quant.awq import dequantize
+
+        recipe, modules = session.engine.recipe, dict(session.backend.model.get_base_model().named_modules())
+        originals = {}
+        with torch.no_grad():
+            for name, weight, bias in (x for g in session.backend.merged_linears() for x in g):
+                t = recipe.quantize_linear(name, weight, bias)
+                w = dequantize(t[f"{name}.qweight"], t[f"{name}.qzeros"], t[f"{name}.scales"], 64)
+                s_in, s_out = recipe.lora_factors(name)
+                w = w / (1 if s_in is None else s_in[None, :]) * (1 if s_out is None else s_out[:, None])
+                layer = modules[name].get_base_layer()
+                originals[name] = layer.weight.clone()
+                layer.weight.copy_(w)
+            gap_fake = fixed_response_gap(session.engine, session.backend, fixed)[0].mean()
+            for name, w in originals.items():
+                modules[name].get_base_layer().weight.copy_(w)
+        print(f"AWQ merged: trainer with dequantized weights vs vLLM: {gap_fake:.4f} (vs {gap0.mean():.4f})")
+        assert gap_fake < gap0.mean() / 3
+        metrics = _train_one_step(session)
+        assert "rollout/is_weight_mean" in metrics or any(k.startswith("rollout/is") for k in metrics)
+        gap2, lp2 = fixed_response_gap(session.engine, session.backend, fixed)
+        moved = (torch.tensor(sum(lp2, [])) - torch.tensor(sum(lp0, []))).abs().mean()
+        print(f"AWQ merged: gap {gap0.mean():.4f} -> {gap2.mean():.4f}, vLLM moved {moved:.4f}")
+        assert moved > 2 * gap0.mean()  # the update reached the engine...
+        assert gap2.mean() < 2 * gap0.mean() + 0.02  # ...as the trainer's policy, up to quantization error
+    finally:
+        session.engine.close()
+
+
+@needs_autoawq
+def test_awq_adapter_is_mapped_into_the_scaled_space():
+    session = _session(*AWQ, "sync.mode=adapter")
+    try:
+        from lite_verl.rollout.base import SamplingSettings
+        from lite_verl.rollout.vllm_engine import fixed_response_gap
+
+        fixed = session.engine.generate(session.train_set.token_ids[:4], SamplingSettings(n=2, max_new_tokens=8), seed=5)
+        gap0, _ = fixed_response_gap(session.engine, session.backend, fixed)
+        with torch.no_grad():  # a large adapter, as after many steps
+            for n, p in session.backend.model.named_parameters():
+                if "lora_B" in n and ".default." in n:
+                    p.normal_(0, 0.05, generator=torch.Generator().manual_seed(1))
+        session.engine.sync_weights(1)
+        mapped = fixed_response_gap(session.engine, session.backend, fixed)[0].mean()
+        recipe, session.engine.recipe = session.engine.recipe, None  # the same adapter, unmapped
+        session.engine.sync_weights(2)
+        session.engine.recipe = recipe
+        unmapped = fixed_response_gap(session.engine, session.backend, fixed)[0].mean()
+        print(f"AWQ adapter: base gap {gap0.mean():.4f}, mapped {mapped:.4f}, unmapped {unmapped:.4f}")
+        assert mapped < unmapped
+        assert mapped < 2 * gap0.mean() + 0.02
+    finally:
+        session.engine.close()

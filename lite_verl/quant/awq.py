@@ -32,7 +32,7 @@ import torch
 
 from lite_verl.errors import MissingDependency, ModelError
 
-RECIPE_FILE = "lite_verl_awq_recipe.safetensors"
+RECIPE_FILE = "lite_verl_awq_recipe.st"  # safetensors format; not *.safetensors, which vLLM would load as weights
 META_FILE = "lite_verl_awq.json"
 AWQ_ORDER = (0, 2, 4, 6, 1, 3, 5, 7)  # nibble order of AutoAWQ's GEMM packing (what vLLM's awq expects)
 RECIPE_VERSION = 1

@@ -75,6 +75,12 @@ class VLLMRolloutEngine:
             )
         )
         self.serving_dtype = "float32" if not r.gpus and cfg.model.dtype == "float16" else cfg.model.dtype
+        self.recipe = None
+        if r.quantization == "awq":
+            from lite_verl.quant.awq import AWQRecipe
+
+            self.recipe = AWQRecipe.load(model_path)  # how trained weights map into the 4-bit model
+            self.serving_dtype = "float16" if r.gpus else "bfloat16"  # AWQ kernels: fp16 (GPU), bf16 (CPU)
         options = WorkerOptions(
             model=str(model_path),
             dtype=self.serving_dtype,  # no fp16 on CPU
@@ -84,7 +90,7 @@ class VLLMRolloutEngine:
             enforce_eager=r.enforce_eager,
             sleep_mode=self.colocated and torch.cuda.is_available(),
             seed=cfg.trainer.seed,
-            quantization="awq_marlin" if r.quantization == "awq" else None,
+            quantization="awq_marlin" if r.quantization == "awq" and r.gpus else None,  # CPU: from config
             fp32_lm_head=cfg.model.fp32_lm_head and self.serving_dtype != "float32",
         )
         env = {
@@ -187,7 +193,7 @@ class VLLMRolloutEngine:
         version = self.version + 1
         path = self.shm / f"v{version}"
         t0 = time.perf_counter()
-        self.backend.export_adapter(path, self.serving_dtype)
+        self.backend.export_adapter(path, self.serving_dtype, self._awq_adapter if self.recipe else None)
         t1 = time.perf_counter()
         self._call("add_adapter", version=version, path=str(path))
         self.last_sync_parts = {"export_s": t1 - t0, "load_s": time.perf_counter() - t1}
@@ -200,12 +206,37 @@ class VLLMRolloutEngine:
         is reset: cached KV was computed with the old weights."""
         share_cuda = self.colocated and torch.cuda.is_available()
         bucket_bytes = int(self.cfg.sync.bucket_mb * 2**20)
-        for bucket in self.backend.merged_weight_buckets(bucket_bytes, self.cfg.model.dtype):
+        convert = self._awq_linear if self.recipe else None
+        for bucket in self.backend.merged_weight_buckets(bucket_bytes, self.serving_dtype, convert):
             payload = bucket if share_cuda else [(n, t.cpu()) for n, t in bucket]
             self._call("load_weights", named_tensors=payload)
             del bucket, payload
         self._call("weights_loaded")
         self.version += 1
+
+    # AWQ: trained weights into the quantized model's space (lite_verl/quant/awq.py)
+    def _awq_adapter(self, key: str, tensor: torch.Tensor) -> torch.Tensor:
+        """A' = A * s_in (columns), B' = B / s_out (rows): the quantized layer sees x / s_in, emits y / s_out."""
+        assert self.recipe is not None
+        module = key.removeprefix("base_model.model.").rsplit(".lora_", 1)[0]
+        s_in, s_out = self.recipe.lora_factors(module)
+        if ".lora_A." in key and s_in is not None:
+            return tensor.float() * s_in.to(tensor.device)[None, :]
+        if ".lora_B." in key and s_out is not None:
+            return tensor.float() / s_out.to(tensor.device)[:, None]
+        return tensor
+
+    def _awq_linear(self, name: str, weight: torch.Tensor, bias: torch.Tensor | None) -> dict[str, torch.Tensor]:
+        """A merged linear layer re-quantized with the calibration's scales and clips (no re-calibration)."""
+        assert self.recipe is not None
+        from lite_verl.device import torch_dtype
+
+        if name in self.recipe.quantized:
+            return self.recipe.quantize_linear(name, weight, bias)
+        out = {f"{name}.weight": weight.to(torch_dtype(self.serving_dtype))}
+        if bias is not None:
+            out[f"{name}.bias"] = bias.to(torch_dtype(self.serving_dtype))
+        return out
 
     def stats(self) -> dict[str, Any]:
         return self._call("stats")

@@ -165,9 +165,10 @@ class LoraBackend:
         self.model.train(on)
 
     # --- weight sync into a rollout engine --------------------------------------------------------
-    def export_adapter(self, directory: Path, dtype: str | None = None) -> None:
+    def export_adapter(self, directory: Path, dtype: str | None = None, transform=None) -> None:
         """The actor's adapter only, in peft's format (adapter_config.json + adapter_model.safetensors),
-        for vLLM's LoRARequest, cast to the serving dtype (vLLM casts to it anyway). Written as one
+        for vLLM's LoRARequest, cast to the serving dtype (vLLM casts to it anyway); `transform(key,
+        tensor) -> tensor` maps it first (AWQ: into the quantized model's scaled space). Written as one
         buffer (lite_verl.tensorfile), not with save_pretrained: this runs after every update."""
         import json
 
@@ -181,6 +182,8 @@ class LoraBackend:
             self._adapter_config_json = json.dumps(self.model.peft_config["default"].to_dict(), default=list)
         (directory / "adapter_config.json").write_text(self._adapter_config_json)
         state = get_peft_model_state_dict(self.model, adapter_name="default")
+        if transform is not None:
+            state = {k: transform(k, v) for k, v in state.items()}
         save_flat(state, directory / "adapter_model.safetensors", torch_dtype(dtype) if dtype else None)
 
     @torch.no_grad()
@@ -211,17 +214,23 @@ class LoraBackend:
                 group.append((name, weight, base.bias))
             yield group
 
-    def merged_weight_buckets(self, bucket_bytes: int, dtype: str):
-        """Lists of (HF parameter name, tensor in `dtype`) of about bucket_bytes each (whole groups of
-        merged_linears, summed in fp32 and rounded once). Tensors stay on the trainer's device."""
+    def merged_weight_buckets(self, bucket_bytes: int, dtype: str, convert=None):
+        """Lists of (parameter name, tensor) of about bucket_bytes each (whole groups of merged_linears,
+        summed in fp32 and rounded once to `dtype`). `convert(name, weight, bias) -> {name: tensor}`
+        replaces that rounding (AWQ re-quantization). Tensors stay on the trainer's device."""
         from lite_verl.device import torch_dtype
+
+        def plain(name, weight, bias):
+            out = {name + ".weight": weight.to(torch_dtype(dtype))}
+            if bias is not None:
+                out[name + ".bias"] = bias.to(torch_dtype(dtype))
+            return out
 
         bucket: list[tuple[str, torch.Tensor]] = []
         size = 0
         for group in self.merged_linears():
             for name, weight, bias in group:
-                for n, t in [(name + ".weight", weight)] + ([(name + ".bias", bias)] if bias is not None else []):
-                    t = t.to(torch_dtype(dtype))
+                for n, t in (convert or plain)(name, weight, bias).items():
                     bucket.append((n, t))
                     size += t.numel() * t.element_size()
             if size >= bucket_bytes:
