@@ -99,6 +99,28 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("src", help="GSM8K train.jsonl or test.jsonl")
     p.add_argument("dst", help="output .jsonl")
+
+    p = sub.add_parser(
+        "quantize",
+        help="AWQ 4-bit quantize a model for vLLM (AutoAWQ)",
+        description="AWQ-quantize MODEL_DIR into OUT_DIR (group zero points), calibrated on prompts; "
+        "OUT_DIR loads in vLLM and works as rollout.quantized_path.",
+    )
+    p.add_argument("model", help="Hugging Face model directory")
+    p.add_argument("out", help="output directory")
+    p.add_argument("--calib", help="prompts file in verl's schema (jsonl/parquet); default: the built-in arithmetic task")
+    p.add_argument("--group-size", type=int, default=128, help="input channels per group: 32, 64 or 128")
+    p.add_argument("--max-prompts", type=int, default=512, help="calibration prompts to use")
+
+    p = sub.add_parser(
+        "export",
+        help="write a run's trained policy as a model directory",
+        description="Merge the last checkpoint's adapter into the base: a HF model (--format hf) "
+        "or an AWQ 4-bit model for vLLM (--format awq).",
+    )
+    p.add_argument("run", help="run directory")
+    p.add_argument("out", help="output directory")
+    p.add_argument("--format", default="hf", choices=["hf", "awq"])
     return parser
 
 
@@ -212,7 +234,25 @@ def cmd_import_gguf(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_quantize(args: argparse.Namespace) -> int:
+    from lite_verl.export import quantize_command
+
+    out = quantize_command(args.model, args.out, args.calib, args.group_size, args.max_prompts)
+    print(f"wrote an AWQ 4-bit model to {out} (use it as rollout.quantized_path, or serve it with vLLM)")
+    return 0
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    from lite_verl.export import export_run
+
+    out = export_run(args.run, args.out, args.format)
+    print(f"wrote the trained policy ({args.format}) to {out}")
+    return 0
+
+
 COMMANDS = {
+    "quantize": cmd_quantize,
+    "export": cmd_export,
     "import-gguf": cmd_import_gguf,
     "train": cmd_train,
     "validate": cmd_validate,

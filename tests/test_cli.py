@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import subprocess
@@ -223,3 +224,41 @@ def test_imports_stay_light(tmp_path):
     out = subprocess.run([sys.executable, "-c", "import sys, lite_verl; assert 'torch' not in sys.modules"],
                          capture_output=True, text=True, cwd=tmp_path)  # fmt: skip
     assert out.returncode == 0, out.stderr[-2000:]
+
+
+def test_export_merges_the_trained_adapter(tmp_path):
+    """export --format hf: the merged model's log-probs equal the trainer's (base + adapter) ones."""
+    run = cli("train", "--run-dir", "run", *FAST, "--set", "trainer.total_steps=3", "--set", "train.lr=0.02",
+              cwd=tmp_path)  # fmt: skip
+    assert run.returncode == 0, run.stderr[-2000:]
+    out = cli("export", "run", "merged", cwd=tmp_path)
+    assert out.returncode == 0, out.stderr[-2000:]
+    import torch
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    from lite_verl.loop import load_run_config
+    from lite_verl.model import resolve_model_path
+
+    base_path = resolve_model_path(load_run_config(tmp_path / "run", []).model)
+    ckpt = sorted((tmp_path / "run" / "checkpoints").iterdir())[-1]
+    ids = torch.randint(3, 200, (2, 16), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        want = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(base_path), ckpt / "adapter")(ids).logits
+        got = AutoModelForCausalLM.from_pretrained(tmp_path / "merged")(ids).logits
+        base = AutoModelForCausalLM.from_pretrained(base_path)(ids).logits
+    assert torch.allclose(got, want, atol=1e-4)
+    assert not torch.allclose(base, want, atol=1e-3)  # training moved the policy: the merge matters
+
+
+@pytest.mark.skipif(importlib.util.find_spec("awq") is None, reason="autoawq is not installed: pip install 'lite-verl[awq]'")
+def test_quantize_cli_writes_a_vllm_awq_model_with_its_recipe(tmp_path):
+    from lite_verl.tiny import resolve_tiny
+
+    out = cli("quantize", str(resolve_tiny("tiny:qwen2")), "q", "--group-size", "64", "--max-prompts", "64", cwd=tmp_path)
+    assert out.returncode == 0, out.stderr[-2000:]
+    config = json.loads((tmp_path / "q" / "config.json").read_text())
+    assert config["quantization_config"]["quant_method"] == "awq" and config["quantization_config"]["group_size"] == 64
+    assert (tmp_path / "q" / "lite_verl_awq_recipe.st").is_file()
+    bad = cli("quantize", str(tmp_path / "nope"), "q2", cwd=tmp_path)
+    assert bad.returncode == 2 and "no config.json" in bad.stderr and not (tmp_path / "q2").exists()

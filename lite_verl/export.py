@@ -1,0 +1,86 @@
+"""`lite-verl quantize` and `lite-verl export`: AWQ models and trained policies as model directories.
+
+    lite-verl quantize MODEL_DIR OUT_DIR [--calib prompts.jsonl] [--group-size 128] [--max-prompts 512]
+    lite-verl export RUN_DIR OUT_DIR [--format hf|awq]
+
+export --format hf merges the last checkpoint's LoRA adapter into the base (W + s * B @ A) and writes a
+normal HF model; --format awq then AWQ-quantizes that merged model, calibrated afresh on the run's own
+prompts (the final policy deserves its own scale search; syncs during training reuse the first one).
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from pathlib import Path
+
+from lite_verl.errors import UserError
+
+
+def _prompts(model_dir: Path, calib: str | None, limit: int, seed: int = 0, data_overrides: list[str] | None = None):
+    from lite_verl.config import load_config
+    from lite_verl.data.loader import load_prompt_sets
+    from lite_verl.model import load_tokenizer
+
+    overrides = [f"model.path={model_dir}", "data.val_size=0", "data.task=arithmetic"]
+    if calib:
+        overrides.append(f"data.train_files=[{calib}]")
+    cfg = load_config("laptop", None, overrides + (data_overrides or []))
+    tokenizer = load_tokenizer(Path(model_dir))
+    train, _ = load_prompt_sets(cfg.data, tokenizer, seed)
+    return [list(ids) for ids in train.token_ids[:limit]]
+
+
+def quantize_command(model_dir: str, out_dir: str, calib: str | None, group_size: int, max_prompts: int) -> Path:
+    from lite_verl.model import check_causal_lm
+    from lite_verl.quant.awq import AWQSettings, quantize_model, require_autoawq
+
+    require_autoawq()
+    src = Path(model_dir)
+    if not (src / "config.json").is_file():
+        raise UserError(f"{src} is not a model directory (no config.json); give a Hugging Face model dir")
+    check_causal_lm(src)
+    if group_size not in (32, 64, 128):
+        raise UserError(f"--group-size {group_size}: use 32, 64 or 128")
+    prompts = _prompts(src, calib, max_prompts)
+    return quantize_model(src, Path(out_dir), prompts, AWQSettings(group_size=group_size))
+
+
+def export_run(run_dir: str, out_dir: str, fmt: str = "hf") -> Path:
+    import torch
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    from lite_verl.loop import load_run_config
+    from lite_verl.model import load_tokenizer, resolve_model_path
+    from lite_verl.rundir import RunDir, atomic_directory
+
+    if fmt not in ("hf", "awq"):
+        raise UserError(f"--format {fmt}: use hf or awq")
+    cfg = load_run_config(Path(run_dir), [])
+    ckpt = RunDir(Path(run_dir)).latest_checkpoint()
+    if ckpt is None:
+        raise UserError(f"{run_dir} holds no complete checkpoint; train with trainer.save_every > 0 (or to the end)")
+    path = resolve_model_path(cfg.model)
+    tokenizer = load_tokenizer(path, cfg.model.trust_remote_code)
+    base = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, trust_remote_code=cfg.model.trust_remote_code)
+    merged = PeftModel.from_pretrained(base, ckpt / "adapter").merge_and_unload()  # merged in fp32
+    merged = merged.to(getattr(torch, cfg.model.dtype if cfg.model.dtype != "float32" else "float32"))
+    target = Path(out_dir) if fmt == "hf" else Path(tempfile.mkdtemp(prefix="lite-verl-export-"))
+    try:
+        with atomic_directory(target) as tmp:
+            merged.save_pretrained(tmp)
+            tokenizer.save_pretrained(tmp)
+            if (path / "generation_config.json").is_file():
+                shutil.copy(path / "generation_config.json", tmp / "generation_config.json")
+        if fmt == "hf":
+            return target
+        from lite_verl.quant.awq import AWQSettings, quantize_model
+
+        data = [f"data.{k}={v}" for k, v in (("task", cfg.data.task), ("task_size", cfg.data.task_size))]
+        calib = cfg.data.train_files[0] if cfg.data.train_files else None
+        prompts = _prompts(target, calib, 512, cfg.trainer.seed, data)
+        return quantize_model(target, Path(out_dir), prompts, AWQSettings(group_size=cfg.rollout.awq_group_size))
+    finally:
+        if fmt == "awq":
+            shutil.rmtree(target, ignore_errors=True)
