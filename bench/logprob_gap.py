@@ -21,7 +21,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from results import REPORT, append, render  # noqa: E402
 
 
-def measure(model: Path, mode: str, lr: float, quantized: str = "none") -> dict[str, float]:
+def measure(model: Path, mode: str, lr: float, quantized: str = "none", group: int = 128) -> dict[str, float]:
     import torch
 
     from lite_verl.config import load_config
@@ -35,7 +35,7 @@ def measure(model: Path, mode: str, lr: float, quantized: str = "none") -> dict[
     cfg = load_config("laptop", None, [
         *(gpu if torch.cuda.is_available() else []), f"model.path={model}", "rollout.engine=vllm",
         "rollout.enforce_eager=true", f"sync.mode={mode}",
-        f"rollout.quantization={quantized}", "algorithm.rollout_correction=token", "data.task=arithmetic", f"reward.function={Path(__file__).parent / 'shaped_reward.py'}:compute_score", "data.task_size=64", "data.val_size=0",
+        f"rollout.quantization={quantized}", f"rollout.awq_group_size={group}", "algorithm.rollout_correction=token", "data.task=arithmetic", f"reward.function={Path(__file__).parent / 'shaped_reward.py'}:compute_score", "data.task_size=64", "data.val_size=0",
         "data.max_prompt_length=256", "rollout.max_new_tokens=64", "trainer.batch_size=8", "rollout.n=4",
         f"train.lr={lr}", "cost.gpu_models=[GPU]", "cost.price_per_hour={GPU: 0.0, cpu: 0.0}",
     ])  # fmt: skip
@@ -44,7 +44,9 @@ def measure(model: Path, mode: str, lr: float, quantized: str = "none") -> dict[
         prompts = session.train_set.token_ids[:8]
         fixed = session.engine.generate(prompts, SamplingSettings(n=2, max_new_tokens=64), seed=7)
         gap_before, lp_before = fixed_response_gap(session.engine, session.backend, fixed)
-        metrics = train_step(session, PromptSampler(len(session.train_set), 8, 0, True), 1, Ledger.from_config(cfg))
+        metrics = train_step(
+            session, PromptSampler(len(session.train_set), 8, 0, True), 1, Ledger.from_config(cfg)
+        )
         gap_after, lp_after = fixed_response_gap(session.engine, session.backend, fixed)
         moved = torch.cat([(torch.tensor(a) - torch.tensor(b)).abs() for a, b in zip(lp_after, lp_before)])
         return {

@@ -8,4 +8,6 @@ from lite_verl.rewards import default_compute_score
 
 def compute_score(data_source, solution_str, ground_truth, extra_info=None):
     digits = sum(c.isdigit() for c in solution_str[:40])
-    return float(default_compute_score(data_source, solution_str, ground_truth, extra_info)) + 0.1 * min(digits, 5)
+    return float(default_compute_score(data_source, solution_str, ground_truth, extra_info)) + 0.1 * min(
+        digits, 5
+    )

@@ -108,7 +108,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("model", help="Hugging Face model directory")
     p.add_argument("out", help="output directory")
-    p.add_argument("--calib", help="prompts file in verl's schema (jsonl/parquet); default: the built-in arithmetic task")
+    p.add_argument(
+        "--calib", help="prompts file in verl's schema (jsonl/parquet); default: the built-in arithmetic task"
+    )
     p.add_argument("--group-size", type=int, default=128, help="input channels per group: 32, 64 or 128")
     p.add_argument("--max-prompts", type=int, default=512, help="calibration prompts to use")
 

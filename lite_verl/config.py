@@ -34,7 +34,9 @@ class ModelConfig:
     )
     dtype: str = "float32"  # float32 | bfloat16 | float16: weights and compute of the trained model
     trust_remote_code: bool = False  # passed to from_pretrained for models with custom code
-    fp32_lm_head: bool = True  # bf16/fp16 models: LM head in fp32 in the trainer and in vLLM (fewer mismatches)
+    fp32_lm_head: bool = (
+        True  # bf16/fp16 models: LM head in fp32 in the trainer and in vLLM (fewer mismatches)
+    )
 
 
 @dataclass(frozen=True)
@@ -59,7 +61,9 @@ class RolloutConfig:
     gpus: tuple[int, ...] = ()  # local GPU ids for rollout; empty = CPU
     gpu_memory_utilization: float = 0.5  # vLLM: fraction of each rollout GPU it may take
     quantization: str = "none"  # none | awq: weights the rollout engine serves (awq: 4-bit, vLLM only)
-    quantized_path: str = ""  # awq: a model dir from `lite-verl quantize`; empty = quantize on first use (cached)
+    quantized_path: str = (
+        ""  # awq: a model dir from `lite-verl quantize`; empty = quantize on first use (cached)
+    )
     awq_group_size: int = 128  # awq: input channels per quantization group (32, 64 or 128)
     enforce_eager: bool = False  # vLLM: no CUDA graphs / compile (faster start, slower decode)
 

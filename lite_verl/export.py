@@ -17,7 +17,9 @@ from pathlib import Path
 from lite_verl.errors import UserError
 
 
-def _prompts(model_dir: Path, calib: str | None, limit: int, seed: int = 0, data_overrides: list[str] | None = None):
+def _prompts(
+    model_dir: Path, calib: str | None, limit: int, seed: int = 0, data_overrides: list[str] | None = None
+):
     from lite_verl.config import load_config
     from lite_verl.data.loader import load_prompt_sets
     from lite_verl.model import load_tokenizer
@@ -31,7 +33,9 @@ def _prompts(model_dir: Path, calib: str | None, limit: int, seed: int = 0, data
     return [list(ids) for ids in train.token_ids[:limit]]
 
 
-def quantize_command(model_dir: str, out_dir: str, calib: str | None, group_size: int, max_prompts: int) -> Path:
+def quantize_command(
+    model_dir: str, out_dir: str, calib: str | None, group_size: int, max_prompts: int
+) -> Path:
     from lite_verl.model import check_causal_lm
     from lite_verl.quant.awq import AWQSettings, quantize_model, require_autoawq
 
@@ -60,10 +64,14 @@ def export_run(run_dir: str, out_dir: str, fmt: str = "hf") -> Path:
     cfg = load_run_config(Path(run_dir), [])
     ckpt = RunDir(Path(run_dir)).latest_checkpoint()
     if ckpt is None:
-        raise UserError(f"{run_dir} holds no complete checkpoint; train with trainer.save_every > 0 (or to the end)")
+        raise UserError(
+            f"{run_dir} holds no complete checkpoint; train with trainer.save_every > 0 (or to the end)"
+        )
     path = resolve_model_path(cfg.model)
     tokenizer = load_tokenizer(path, cfg.model.trust_remote_code)
-    base = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, trust_remote_code=cfg.model.trust_remote_code)
+    base = AutoModelForCausalLM.from_pretrained(
+        path, dtype=torch.float32, trust_remote_code=cfg.model.trust_remote_code
+    )
     merged = PeftModel.from_pretrained(base, ckpt / "adapter").merge_and_unload()  # merged in fp32
     merged = merged.to(getattr(torch, cfg.model.dtype if cfg.model.dtype != "float32" else "float32"))
     target = Path(out_dir) if fmt == "hf" else Path(tempfile.mkdtemp(prefix="lite-verl-export-"))
@@ -80,7 +88,9 @@ def export_run(run_dir: str, out_dir: str, fmt: str = "hf") -> Path:
         data = [f"data.{k}={v}" for k, v in (("task", cfg.data.task), ("task_size", cfg.data.task_size))]
         calib = cfg.data.train_files[0] if cfg.data.train_files else None
         prompts = _prompts(target, calib, 512, cfg.trainer.seed, data)
-        return quantize_model(target, Path(out_dir), prompts, AWQSettings(group_size=cfg.rollout.awq_group_size))
+        return quantize_model(
+            target, Path(out_dir), prompts, AWQSettings(group_size=cfg.rollout.awq_group_size)
+        )
     finally:
         if fmt == "awq":
             shutil.rmtree(target, ignore_errors=True)

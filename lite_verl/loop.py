@@ -149,7 +149,10 @@ def _awq_model(cfg: Config, path: Path, train_set: PromptSet) -> Path:
     if cfg.rollout.quantized_path:
         return Path(cfg.rollout.quantized_path)
     calib = [list(ids) for ids in train_set.token_ids[:512]]
-    print(f"lite-verl: AWQ model for {path.name} (calibrating on {len(calib)} prompts unless cached)", file=sys.stderr)
+    print(
+        f"lite-verl: AWQ model for {path.name} (calibrating on {len(calib)} prompts unless cached)",
+        file=sys.stderr,
+    )
     return quantized_for_run(path, calib, AWQSettings(group_size=cfg.rollout.awq_group_size))
 
 

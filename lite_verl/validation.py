@@ -96,7 +96,9 @@ def _check_rollout_train(cfg: Config) -> None:
     _one_of("rollout.quantization", r.quantization, QUANTIZATIONS)
     if r.quantization == "awq":
         if r.engine != "vllm":
-            raise ConfigError("rollout.quantization=awq needs rollout.engine=vllm (set it, or rollout.quantization=none)")
+            raise ConfigError(
+                "rollout.quantization=awq needs rollout.engine=vllm (set it, or rollout.quantization=none)"
+            )
         if r.awq_group_size not in (32, 64, 128):
             raise ConfigError(f"rollout.awq_group_size={r.awq_group_size} must be 32, 64 or 128")
         if r.quantized_path and not Path(r.quantized_path).is_dir():

@@ -48,7 +48,9 @@ def test_packing_is_bit_for_bit_autoawq(group):
     me = SimpleNamespace(group_size=group, zero_point=True, w_bit=4)
     w0 = linear.weight.data.clone()
     linear.weight.data, scales, zeros = AwqQuantizer.pseudo_quantize_tensor(me, linear.weight.data)
-    ref = WQLinear_GEMM.from_linear(linear, 4, group, scales=scales.t().contiguous(), zeros=zeros.t().contiguous())
+    ref = WQLinear_GEMM.from_linear(
+        linear, 4, group, scales=scales.t().contiguous(), zeros=zeros.t().contiguous()
+    )
     qweight, qzeros, s = quantize_weight(w0, group)
     assert torch.equal(qweight, ref.qweight)
     assert torch.equal(qzeros, ref.qzeros)
@@ -102,7 +104,10 @@ def test_lora_factors_map_an_adapter_into_the_quantized_space(awq_model, tiny_di
         s_in, s_out = recipe.lora_factors(name)
         s_in = torch.ones(w.shape[1], dtype=torch.float64) if s_in is None else s_in.double()
         s_out = torch.ones(w.shape[0], dtype=torch.float64) if s_out is None else s_out.double()
-        a, b = torch.randn(4, w.shape[1], generator=g).double(), torch.randn(w.shape[0], 4, generator=g).double()
+        a, b = (
+            torch.randn(4, w.shape[1], generator=g).double(),
+            torch.randn(w.shape[0], 4, generator=g).double(),
+        )
         x = torch.randn(w.shape[1], generator=g).double()
         a2, b2 = a * s_in, b / s_out[:, None]
         assert torch.allclose(b2 @ (a2 @ (x / s_in)), (b @ a @ x) / s_out)

@@ -244,21 +244,37 @@ def test_export_merges_the_trained_adapter(tmp_path):
     ckpt = sorted((tmp_path / "run" / "checkpoints").iterdir())[-1]
     ids = torch.randint(3, 200, (2, 16), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
-        want = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(base_path), ckpt / "adapter")(ids).logits
+        want = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(base_path), ckpt / "adapter")(
+            ids
+        ).logits
         got = AutoModelForCausalLM.from_pretrained(tmp_path / "merged")(ids).logits
         base = AutoModelForCausalLM.from_pretrained(base_path)(ids).logits
     assert torch.allclose(got, want, atol=1e-4)
     assert not torch.allclose(base, want, atol=1e-3)  # training moved the policy: the merge matters
 
 
-@pytest.mark.skipif(importlib.util.find_spec("awq") is None, reason="autoawq is not installed: pip install 'lite-verl[awq]'")
+@pytest.mark.skipif(
+    importlib.util.find_spec("awq") is None, reason="autoawq is not installed: pip install 'lite-verl[awq]'"
+)
 def test_quantize_cli_writes_a_vllm_awq_model_with_its_recipe(tmp_path):
     from lite_verl.tiny import resolve_tiny
 
-    out = cli("quantize", str(resolve_tiny("tiny:qwen2")), "q", "--group-size", "64", "--max-prompts", "64", cwd=tmp_path)
+    out = cli(
+        "quantize",
+        str(resolve_tiny("tiny:qwen2")),
+        "q",
+        "--group-size",
+        "64",
+        "--max-prompts",
+        "64",
+        cwd=tmp_path,
+    )
     assert out.returncode == 0, out.stderr[-2000:]
     config = json.loads((tmp_path / "q" / "config.json").read_text())
-    assert config["quantization_config"]["quant_method"] == "awq" and config["quantization_config"]["group_size"] == 64
+    assert (
+        config["quantization_config"]["quant_method"] == "awq"
+        and config["quantization_config"]["group_size"] == 64
+    )
     assert (tmp_path / "q" / "lite_verl_awq_recipe.st").is_file()
     bad = cli("quantize", str(tmp_path / "nope"), "q2", cwd=tmp_path)
     assert bad.returncode == 2 and "no config.json" in bad.stderr and not (tmp_path / "q2").exists()

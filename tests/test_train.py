@@ -136,4 +136,3 @@ def test_fp32_head_matches_a_float64_reference_forward_and_backward():
     assert torch.allclose(out.double(), ref, rtol=1e-6, atol=1e-5)
     assert torch.allclose(h.grad.double(), h64.grad.to(torch.bfloat16).double(), rtol=1e-2, atol=1e-2)
     assert torch.allclose(w.grad.double(), w64.grad.to(torch.bfloat16).double(), rtol=1e-2, atol=1e-2)
-

@@ -171,9 +171,13 @@ def test_awq_merged_sync_requantizes_exactly_then_follows_training():
         from lite_verl.rollout.vllm_engine import fixed_response_gap
 
         assert session.cfg.algorithm.rollout_correction == "token"  # auto: on for a quantized rollout
-        fixed = session.engine.generate(session.train_set.token_ids[:4], SamplingSettings(n=2, max_new_tokens=8), seed=5)
+        fixed = session.engine.generate(
+            session.train_set.token_ids[:4], SamplingSettings(n=2, max_new_tokens=8), seed=5
+        )
         gap0, lp0 = fixed_response_gap(session.engine, session.backend, fixed)
-        session.engine.sync_weights(0)  # LoRA B = 0: the re-quantized model is the calibrated one, bit for bit
+        session.engine.sync_weights(
+            0
+        )  # LoRA B = 0: the re-quantized model is the calibrated one, bit for bit
         gap1, lp1 = fixed_response_gap(session.engine, session.backend, fixed)
         assert torch.equal(torch.tensor(sum(lp1, [])), torch.tensor(sum(lp0, [])))
         # the gap is the quantization error: the trainer with the dequantized AWQ weights matches vLLM
@@ -213,7 +217,9 @@ def test_awq_adapter_is_mapped_into_the_scaled_space():
         from lite_verl.rollout.base import SamplingSettings
         from lite_verl.rollout.vllm_engine import fixed_response_gap
 
-        fixed = session.engine.generate(session.train_set.token_ids[:4], SamplingSettings(n=2, max_new_tokens=8), seed=5)
+        fixed = session.engine.generate(
+            session.train_set.token_ids[:4], SamplingSettings(n=2, max_new_tokens=8), seed=5
+        )
         gap0, _ = fixed_response_gap(session.engine, session.backend, fixed)
         with torch.no_grad():  # a large adapter, as after many steps
             for n, p in session.backend.model.named_parameters():

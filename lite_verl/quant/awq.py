@@ -32,7 +32,9 @@ import torch
 
 from lite_verl.errors import MissingDependency, ModelError
 
-RECIPE_FILE = "lite_verl_awq_recipe.st"  # safetensors format; not *.safetensors, which vLLM would load as weights
+RECIPE_FILE = (
+    "lite_verl_awq_recipe.st"  # safetensors format; not *.safetensors, which vLLM would load as weights
+)
 META_FILE = "lite_verl_awq.json"
 AWQ_ORDER = (0, 2, 4, 6, 1, 3, 5, 7)  # nibble order of AutoAWQ's GEMM packing (what vLLM's awq expects)
 RECIPE_VERSION = 1
@@ -85,7 +87,9 @@ def quantize_weight(w: torch.Tensor, group_size: int) -> tuple[torch.Tensor, tor
     return pack_int4(ints), pack_int4(zeros.to(torch.int32)), scales.half()
 
 
-def dequantize(qweight: torch.Tensor, qzeros: torch.Tensor, scales: torch.Tensor, group_size: int) -> torch.Tensor:
+def dequantize(
+    qweight: torch.Tensor, qzeros: torch.Tensor, scales: torch.Tensor, group_size: int
+) -> torch.Tensor:
     """-> W [out, in] fp32, as vLLM's AWQ kernels compute it: (q - z) * s."""
     q = unpack_int4(qweight).float()
     z = unpack_int4(qzeros).float().repeat_interleave(group_size, dim=0)
@@ -142,7 +146,9 @@ class AWQRecipe:
         """(s_in, s_out) of a linear layer: its quantized input is x / s_in, its output y / s_out."""
         return self._in.get(name), self._out.get(name)
 
-    def transform(self, name: str, weight: torch.Tensor, bias: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def transform(
+        self, name: str, weight: torch.Tensor, bias: torch.Tensor | None
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """The scale and clip ops AutoAWQ applied to this layer, replayed in order, in its dtype -> fp16."""
         w = weight.to(self.dtype).clone()
         b = None if bias is None else bias.to(self.dtype).clone()
@@ -160,10 +166,14 @@ class AWQRecipe:
         clip = self.clips.get(name)
         if clip is not None:
             clip = clip.to(w.device)
-            w = torch.clamp(w.reshape(*clip.shape[:2], -1), -clip.to(w.dtype), clip.to(w.dtype)).reshape(w.shape)
+            w = torch.clamp(w.reshape(*clip.shape[:2], -1), -clip.to(w.dtype), clip.to(w.dtype)).reshape(
+                w.shape
+            )
         return w.half(), None if b is None else b.half()
 
-    def quantize_linear(self, name: str, weight: torch.Tensor, bias: torch.Tensor | None) -> dict[str, torch.Tensor]:
+    def quantize_linear(
+        self, name: str, weight: torch.Tensor, bias: torch.Tensor | None
+    ) -> dict[str, torch.Tensor]:
         """-> vLLM checkpoint tensors of one linear layer: {name.qweight, .qzeros, .scales[, .bias]}."""
         w, b = self.transform(name, weight, bias)
         qweight, qzeros, scales = quantize_weight(w, self.settings.group_size)
@@ -176,7 +186,9 @@ class AWQRecipe:
 # --- calibration (AutoAWQ) ---------------------------------------------------------------------------
 def require_autoawq() -> None:
     if importlib.util.find_spec("awq") is None:
-        raise MissingDependency("autoawq", "awq", "AWQ quantization (rollout.quantization=awq, lite-verl quantize)")
+        raise MissingDependency(
+            "autoawq", "awq", "AWQ quantization (rollout.quantization=awq, lite-verl quantize)"
+        )
 
 
 def model_fingerprint(model_dir: Path) -> str:
@@ -209,17 +221,25 @@ def _recording_quantizer():
         record: dict[str, Any]
 
         def _search_best_scale(self, module, prev_op, layers, inp, module2inspect=None, kwargs={}):  # noqa: B006
-            prev, names, scales = super()._search_best_scale(module, prev_op, layers, inp, module2inspect, kwargs)
+            prev, names, scales = super()._search_best_scale(
+                module, prev_op, layers, inp, module2inspect, kwargs
+            )
             pre = get_op_name(self.model, module) + "."
-            self.record["groups"].append((pre + prev, [pre + n for n in names], scales.detach().float().clone()))
+            self.record["groups"].append(
+                (pre + prev, [pre + n for n in names], scales.detach().float().clone())
+            )
             return prev, names, scales
 
-        def _compute_best_scale(self, x, w_mean, x_mean, module2inspect, linears2scale, fp16_output, kwargs={}):  # noqa: B006
+        def _compute_best_scale(
+            self, x, w_mean, x_mean, module2inspect, linears2scale, fp16_output, kwargs={}
+        ):  # noqa: B006
             # AutoAWQ snapshots the weights with `v.cpu()`, which on a CPU is the live tensor itself, so its
             # grid search leaves them scaled by the first candidate: restore from real copies instead
             saved = {k: v.detach().clone() for k, v in module2inspect.state_dict().items()}
             try:
-                return super()._compute_best_scale(x, w_mean, x_mean, module2inspect, linears2scale, fp16_output, kwargs)
+                return super()._compute_best_scale(
+                    x, w_mean, x_mean, module2inspect, linears2scale, fp16_output, kwargs
+                )
             finally:
                 module2inspect.load_state_dict(saved)
 
@@ -237,7 +257,9 @@ def _recording_quantizer():
     return RecordingQuantizer
 
 
-def quantize_model(model_dir: Path, out_dir: Path, calib: list[list[int]], settings: AWQSettings = AWQSettings()) -> Path:
+def quantize_model(
+    model_dir: Path, out_dir: Path, calib: list[list[int]], settings: AWQSettings = AWQSettings()
+) -> Path:
     """AWQ-quantize model_dir into out_dir (atomically), calibrated on token-id sequences `calib`;
     out_dir loads in vLLM (quantization awq / awq_marlin) and holds lite-verl's recipe."""
     require_autoawq()

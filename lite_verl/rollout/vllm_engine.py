@@ -226,7 +226,9 @@ class VLLMRolloutEngine:
             return tensor.float() / s_out.to(tensor.device)[:, None]
         return tensor
 
-    def _awq_linear(self, name: str, weight: torch.Tensor, bias: torch.Tensor | None) -> dict[str, torch.Tensor]:
+    def _awq_linear(
+        self, name: str, weight: torch.Tensor, bias: torch.Tensor | None
+    ) -> dict[str, torch.Tensor]:
         """A merged linear layer re-quantized with the calibration's scales and clips (no re-calibration)."""
         assert self.recipe is not None
         from lite_verl.device import torch_dtype
@@ -262,7 +264,9 @@ def _generation_eos(model_path: Path) -> set[int]:
     return {int(e) for e in (eos if isinstance(eos, list) else [eos])}
 
 
-def fixed_response_gap(engine: VLLMRolloutEngine, backend, rollout: RolloutBatch) -> tuple[torch.Tensor, list[list[float]]]:
+def fixed_response_gap(
+    engine: VLLMRolloutEngine, backend, rollout: RolloutBatch
+) -> tuple[torch.Tensor, list[list[float]]]:
     """Score rollout's (prompt, response) pairs with vLLM (prompt log-probs) and with the trainer.
 
     -> (|vLLM - trainer| per response token, concatenated; vLLM's log-probs per response). This is the

@@ -29,6 +29,11 @@ class LiteVerlWorkerExtension:
         moved = [(n, t.to(device) if device is not None else t) for n, t in named_tensors]
         reload_weights(self, moved)
 
+    def lite_verl_weight_bytes(self) -> int:
+        model = self.model_runner.model  # type: ignore[attr-defined]
+        tensors = {id(t): t for t in [*model.parameters(), *model.buffers()]}
+        return sum(t.numel() * t.element_size() for t in tensors.values() if t.device.type != "meta")
+
 
 @dataclass(frozen=True)
 class WorkerOptions:
@@ -148,6 +153,10 @@ class _Server:
 
     def stats(self) -> dict[str, Any]:
         info: dict[str, Any] = {"lora": getattr(self.lora, "lora_int_id", None)}
+        info["weights_gb"] = self.llm.collective_rpc("lite_verl_weight_bytes")[0] / 2**30
+        cache = getattr(getattr(self.llm.llm_engine, "vllm_config", None), "cache_config", None)
+        if cache is not None and getattr(cache, "num_gpu_blocks", None):
+            info["kv_cache_tokens"] = int(cache.num_gpu_blocks) * int(cache.block_size)
         if torch.cuda.is_available():
             free, total = torch.cuda.mem_get_info()
             info["gpu_used_gb"] = (total - free) / 2**30

@@ -19,7 +19,12 @@ from lite_verl.errors import ConfigError
 
 class LoraBackend:
     def __init__(
-        self, base: torch.nn.Module, cfg: TrainConfig, device: torch.device, seed: int, fp32_lm_head: bool = True
+        self,
+        base: torch.nn.Module,
+        cfg: TrainConfig,
+        device: torch.device,
+        seed: int,
+        fp32_lm_head: bool = True,
     ) -> None:
         from peft import LoraConfig, get_peft_model
 
@@ -48,7 +53,10 @@ class LoraBackend:
         head = self.model.get_base_model().get_output_embeddings()
         # the head in fp32 (train/head.py) when it is a plain linear layer of a bf16/fp16 model
         self.fp32_head = (
-            fp32_lm_head and type(head) is torch.nn.Linear and head.bias is None and head.weight.dtype != torch.float32
+            fp32_lm_head
+            and type(head) is torch.nn.Linear
+            and head.bias is None
+            and head.weight.dtype != torch.float32
         )
         self.optimizer = torch.optim.AdamW(self.params, lr=cfg.lr, weight_decay=cfg.weight_decay)
         self.grad_clip = cfg.grad_clip
@@ -128,7 +136,9 @@ class LoraBackend:
         return self._log_probs(input_ids, attention_mask, response_length, temperature, with_entropy)
 
     def _log_probs(self, input_ids, attention_mask, response_length, temperature, with_entropy):
-        kwargs = dict(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids(attention_mask))
+        kwargs = dict(
+            input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids(attention_mask)
+        )
         # logits at position t predict token t+1: the response tokens are predicted by [P-1, P+R-1)
         if self.fp32_head:
             from lite_verl.train.head import fp32_logits

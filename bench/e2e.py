@@ -1,0 +1,86 @@
+"""Benchmark: end-to-end GRPO with vLLM colocated (the 4090x1 preset's layout), one row set per variant.
+
+    python bench/e2e.py --steps 60 --variants bf16,awq [--model tiny:qwen2] [--task echo]
+
+Each variant is `lite-verl train --preset 4090x1` with enforce_eager and one change:
+bf16 = rollout.quantization=none; awq = the preset's AWQ 4-bit rollout (calibrated on the run's prompts,
+token-level TIS on by default); awq_merged = AWQ with the merged actor re-quantized at every sync.
+Recorded: reward over the first and last 10% of steps, greedy validation at start and end, train wall
+time, the mean rollout/trainer log-prob gap, sync time. Per-step metrics go to bench/runs/.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from results import REPORT, append, render  # noqa: E402
+
+VARIANTS = {
+    "bf16": ["rollout.quantization=none"],
+    "awq": [],
+    "awq_merged": ["sync.mode=merged"],
+}
+
+
+def run(variant: str, steps: int, model: str, task: str, out: Path) -> None:
+    run_dir = Path("/tmp/lite-verl-e2e") / variant
+    shutil.rmtree(run_dir, ignore_errors=True)
+    sets = [f"model.path={model}", f"data.task={task}", f"trainer.total_steps={steps}", "trainer.progress=false",
+            "rollout.enforce_eager=true", "trainer.val_every=" + str(max(steps // 4, 1)), *VARIANTS[variant]]  # fmt: skip
+    cmd = [sys.executable, "-m", "lite_verl", "train", "--preset", "4090x1", "--run-dir", str(run_dir)]
+    for s in sets:
+        cmd += ["--set", s]
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    if proc.returncode != 0:
+        print(proc.stderr[-3000:], file=sys.stderr)
+        raise SystemExit(f"{variant}: lite-verl train failed ({proc.returncode})")
+    rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    train = [r for r in rows if "reward/mean" in r]
+    val = [r for r in rows if "val/reward_mean" in r]
+    k = max(len(train) // 10, 1)
+    summary = json.loads((run_dir / "summary.json").read_text())
+    gaps = [r["rollout/logprob_gap_mean"] for r in train if "rollout/logprob_gap_mean" in r]
+    figures = [
+        ("reward_first_10pct", statistics.mean(r["reward/mean"] for r in train[:k]), "reward"),
+        ("reward_last_10pct", statistics.mean(r["reward/mean"] for r in train[-k:]), "reward"),
+        ("val_reward_start_greedy", val[0]["val/reward_mean"] if val else float("nan"), "reward"),
+        ("val_reward_end_greedy", val[-1]["val/reward_mean"] if val else float("nan"), "reward"),
+        ("train_wall_time", float(summary["wall_s"]), "s"),
+        ("sync_median_s", statistics.median(r["timing/sync_s"] for r in train), "s"),
+        ("rollout_median_s", statistics.median(r["timing/rollout_s"] for r in train), "s"),
+    ]
+    if gaps:
+        figures.append(("rollout_logprob_gap_mean", statistics.mean(gaps), "nats/token"))
+    settings = f"preset 4090x1 (colocated vLLM + LoRA trainer, GPU 0), enforce_eager, {variant}: {' '.join(VARIANTS[variant]) or 'preset as is (AWQ, adapter sync)'}, {steps} steps"
+    command = f"python bench/e2e.py --steps {steps} --variants {variant} --model {model} --task {task}"
+    for metric, value, unit in figures:
+        append("e2e_grpo_vllm", f"{model} ({task} task)", settings, metric, float(value), unit, command)
+    out.mkdir(parents=True, exist_ok=True)
+    shutil.copy(
+        run_dir / "metrics.jsonl", out / f"e2e_{variant}_{Path(model).name.replace(':', '_')}_metrics.jsonl"
+    )
+    print(variant, {m: round(v, 4) for m, v, _ in figures}, flush=True)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--steps", type=int, default=60)
+    ap.add_argument("--variants", default="bf16,awq")
+    ap.add_argument("--model", default="tiny:qwen2")
+    ap.add_argument("--task", default="echo")
+    ap.add_argument("--out", type=Path, default=Path(__file__).resolve().parent / "runs")
+    args = ap.parse_args()
+    for v in args.variants.split(","):
+        run(v, args.steps, args.model, args.task, args.out)
+    REPORT.write_text(render())
+
+
+if __name__ == "__main__":
+    main()
