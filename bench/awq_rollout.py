@@ -84,7 +84,7 @@ def _rollout_tps(engine, prompts) -> float:
     return float(out.response_mask.sum()) / (time.perf_counter() - t0)
 
 
-def bench_size(size: str, root: Path) -> None:
+def bench_size(size: str, root: Path, variants: list[str]) -> None:
     import torch
     from rollout import prompts as make_prompts
 
@@ -101,6 +101,8 @@ def bench_size(size: str, root: Path) -> None:
         ("awq_merged", ["sync.mode=merged", "rollout.quantization=awq", f"rollout.quantized_path={awq}"]),
         ("awq_adapter", ["sync.mode=adapter", "rollout.quantization=awq", f"rollout.quantized_path={awq}"]),
     ]:
+        if label not in variants:
+            continue
         session = prepare(_cfg(bf16, extra))
         with torch.no_grad():  # a non-zero adapter, as after training
             for n, p in session.backend.model.named_parameters():
@@ -140,15 +142,17 @@ def main() -> None:
         "--gap-model", type=Path, help="a real HF model dir: AWQ (calibrated) vs trainer log-prob gap"
     )
     ap.add_argument("--group", type=int, default=64)
+    ap.add_argument("--variants", default="bf16,awq_merged,awq_adapter")
+    ap.add_argument("--modes", default="adapter,merged", help="sync modes for --gap-model")
     ap.add_argument("--root", default="/tmp/models")
     args = ap.parse_args()
     for size in [s for s in args.sizes.split(",") if s]:
-        bench_size(size, Path(args.root))
+        bench_size(size, Path(args.root), args.variants.split(","))
     if args.gap_model:
         from logprob_gap import measure
 
         cmd = f"python bench/awq_rollout.py --gap-model {args.gap_model.name} --group {args.group}"
-        for mode in ("adapter", "merged"):
+        for mode in args.modes.split(","):
             r = measure(args.gap_model, mode, 1e-3, quantized="awq", group=args.group)
             for metric, value in r.items():
                 unit = (

