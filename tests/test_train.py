@@ -136,3 +136,17 @@ def test_fp32_head_matches_a_float64_reference_forward_and_backward():
     assert torch.allclose(out.double(), ref, rtol=1e-6, atol=1e-5)
     assert torch.allclose(h.grad.double(), h64.grad.to(torch.bfloat16).double(), rtol=1e-2, atol=1e-2)
     assert torch.allclose(w.grad.double(), w64.grad.to(torch.bfloat16).double(), rtol=1e-2, atol=1e-2)
+
+
+def test_flat_file_writer_reuses_its_buffers_and_writes_current_values(tmp_path):
+    from safetensors.torch import load_file
+
+    from lite_verl.tensorfile import FlatFileWriter
+
+    a, b = torch.zeros(4, 3), torch.ones(7)
+    writer = FlatFileWriter()
+    for step in range(3):
+        a += step
+        writer.write({"a": a, "b": b}, tmp_path / "x.safetensors", torch.bfloat16)
+        back = load_file(str(tmp_path / "x.safetensors"))
+        assert torch.equal(back["a"], a.bfloat16()) and torch.equal(back["b"], b.bfloat16())

