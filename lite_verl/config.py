@@ -66,6 +66,7 @@ class RolloutConfig:
     )
     awq_group_size: int = 128  # awq: input channels per quantization group (32, 64 or 128)
     enforce_eager: bool = False  # vLLM: no CUDA graphs / compile (faster start, slower decode)
+    max_staleness: int = 0  # 0 = synchronous; 1 = one-step-off-policy: rollout k+1 runs while the trainer updates on k (split placement, vllm)
 
 
 @dataclass(frozen=True)
@@ -115,7 +116,7 @@ class AlgorithmConfig:
     entropy_coeff: float = 0.0  # entropy bonus coefficient (loss -= coeff * entropy)
     ppo_epochs: int = 1  # passes over each rollout batch
     ppo_mini_batch_size: int = 0  # prompts per optimizer step; 0 = the whole batch (one step per rollout)
-    rollout_correction: str = "auto"  # auto | none | token | sequence: truncated IS for rollout/trainer mismatch (auto: token when the rollout is quantized, else none)
+    rollout_correction: str = "auto"  # auto | none | token | sequence: truncated IS for rollout/trainer mismatch (auto: token when the rollout is quantized or stale, else none)
     rollout_is_threshold: float = 2.0  # C: IS weights are truncated at this value
 
 

@@ -44,6 +44,11 @@ class Ledger:
             for d in self.devices[role]:
                 self.busy[(role, d)] += dt
 
+    def add_busy(self, role: str, seconds: float) -> None:
+        """Busy time measured elsewhere (a rollout that ran in its worker while the trainer worked)."""
+        for d in self.devices[role]:
+            self.busy[(role, d)] += max(seconds, 0.0)
+
     def wall(self) -> float:
         return self.elapsed_before + time.monotonic() - self.started
 

@@ -92,6 +92,7 @@ class Session:
     kl_ctrl: Any  # in-reward KL coefficient controller (algos.FixedKLController / AdaptiveKLController)
     reward_worker: Any = None  # reward_worker.RewardWorker for an isolated reward.function
     micro: MicroBatchSize | None = None  # train.micro_batch_size, halved after an out-of-memory
+    prefetched: list[int] | None = None  # rollout.max_staleness=1: prompt rows of the rollout in flight
 
 
 def prepare(cfg: Config) -> Session:
@@ -133,12 +134,13 @@ def prepare(cfg: Config) -> Session:
 
 def resolve_auto(cfg: Config) -> Config:
     """algorithm.rollout_correction=auto: token-level truncated IS when the rollout engine serves
-    quantized weights (its log-probs then differ from the trainer's by design), none otherwise."""
+    quantized weights or lags one update behind (its log-probs then differ from the trainer's by
+    design), none otherwise."""
     from dataclasses import replace
 
     if cfg.algorithm.rollout_correction != "auto":
         return cfg
-    mode = "token" if cfg.rollout.quantization != "none" else "none"
+    mode = "token" if cfg.rollout.quantization != "none" or cfg.rollout.max_staleness > 0 else "none"
     return replace(cfg, algorithm=replace(cfg.algorithm, rollout_correction=mode))
 
 
@@ -204,13 +206,30 @@ def _greedy_baselines(
 def train_step(session: Session, sampler: PromptSampler, step: int, ledger: Ledger) -> dict[str, float]:
     cfg, r, a = session.cfg, session.cfg.rollout, session.cfg.algorithm
     t0 = time.perf_counter()
-    rows_idx = sampler.next_batch()
-    prompts = [session.train_set.token_ids[i] for i in rows_idx]
     sampling = SamplingSettings(
         n=r.n, temperature=r.temperature, top_p=r.top_p, max_new_tokens=r.max_new_tokens
     )
+    overlap = {}
+    if session.prefetched is not None:  # one-step-off-policy: started during the previous update
+        rows_idx, session.prefetched = session.prefetched, None
+        rollout = session.engine.collect()
+        start, end = session.engine.last_generate_span
+        ledger.add_busy("rollout", end - start)
+        overlap["timing/rollout_wait_s"] = time.perf_counter() - t0
+    else:
+        rows_idx = sampler.next_batch()
+        with ledger.busy_on("rollout"):
+            rollout = session.engine.generate(
+                [session.train_set.token_ids[i] for i in rows_idx],
+                sampling,
+                seed=step_seed(cfg.trainer.seed, step),
+            )
+    prompts = [session.train_set.token_ids[i] for i in rows_idx]
+    if r.max_staleness and step < cfg.trainer.total_steps:  # the next batch, with the weights of now
+        session.prefetched = sampler.next_batch()
+        next_prompts = [session.train_set.token_ids[i] for i in session.prefetched]
+        session.engine.submit(next_prompts, sampling, seed=step_seed(cfg.trainer.seed, step + 1))
     with ledger.busy_on("rollout"):
-        rollout = session.engine.generate(prompts, sampling, seed=step_seed(cfg.trainer.seed, step))
         baselines = _greedy_baselines(session, rows_idx, prompts, r.n) if a.adv_estimator == "remax" else None
     t1 = time.perf_counter()
     with ledger.busy_on("reward"):
@@ -232,8 +251,13 @@ def train_step(session: Session, sampler: PromptSampler, step: int, ledger: Ledg
         if step > cfg.critic.warmup_steps or exp.values is None:
             metrics.update(ppo_update(session.backend, exp, a, rows_per_mini, micro, r.temperature))
     t3 = time.perf_counter()
-    sync_s = session.engine.sync_weights(step)
+    train_span = (time.time() - (t3 - t2), time.time())
+    sync_s = session.engine.sync_weights(step)  # with a rollout in flight: waits for it, then loads
     t4 = time.perf_counter()
+    span = session.engine.finished_span() if session.prefetched is not None else None
+    if span is not None:  # how long the next rollout ran while this update did
+        overlap["perf/overlap_s"] = max(0.0, min(span[1], train_span[1]) - max(span[0], train_span[0]))
+    metrics.update(overlap)
     metrics.update(_rollout_metrics(rollout, scores))
     metrics["train/micro_batch_size"] = float(micro.value)
     gen_tokens, all_tokens = float(rollout.response_mask.sum()), float(rollout.attention_mask.sum())
@@ -319,7 +343,9 @@ def _steps(session, run, sampler, ledger, log, progress, start: int, stop: StopR
         progress.update(step, metrics)
         last = step == tr.total_steps
         if (tr.save_every and step % tr.save_every == 0) or last or stop.signum is not None:
-            state = {"consumed": sampler.consumed, "ledger": ledger.state(), "kl_coef": session.kl_ctrl.value}
+            # a rollout in flight is not part of the state: a resumed run generates that batch again
+            consumed = sampler.consumed - (len(session.prefetched) if session.prefetched is not None else 0)
+            state = {"consumed": consumed, "ledger": ledger.state(), "kl_coef": session.kl_ctrl.value}
             run.save_checkpoint(step, session.backend, state, tr.keep_checkpoints)
         if stop.signum is not None and not last:
             raise Interrupted(stop.signum, step)

@@ -51,7 +51,11 @@ class FlatFileWriter:
         size = torch.empty((), dtype=dtype).element_size()
         for n in names:
             nbytes = tensors[n].numel() * size
-            header[n] = {"dtype": _DTYPES[dtype], "shape": list(tensors[n].shape), "data_offsets": [offset, offset + nbytes]}
+            header[n] = {
+                "dtype": _DTYPES[dtype],
+                "shape": list(tensors[n].shape),
+                "data_offsets": [offset, offset + nbytes],
+            }
             offset += nbytes
         text = json.dumps(header, separators=(",", ":")).encode()
         text += b" " * (-len(text) % 8)  # the data starts 8-byte aligned

@@ -94,6 +94,20 @@ def _check_rollout_train(cfg: Config) -> None:
     r, t = cfg.rollout, cfg.train
     _one_of("rollout.engine", r.engine, ENGINES)
     _one_of("rollout.quantization", r.quantization, QUANTIZATIONS)
+    if r.max_staleness not in (0, 1):
+        raise ConfigError(
+            f"rollout.max_staleness={r.max_staleness} must be 0 (synchronous) or 1 (one-step-off-policy)"
+        )
+    if r.max_staleness == 1:
+        if r.engine != "vllm":
+            raise ConfigError(
+                "rollout.max_staleness=1 needs rollout.engine=vllm: the rollout must run in its own process to overlap"
+            )
+        if r.gpus and r.gpus == t.gpus:
+            raise ConfigError(
+                "rollout.max_staleness=1 needs split placement: rollout.gpus must differ from train.gpus "
+                "(colocated, vLLM sleeps while the trainer runs, so nothing can overlap)"
+            )
     if r.quantization == "awq":
         if r.engine != "vllm":
             raise ConfigError(

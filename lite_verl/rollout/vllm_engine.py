@@ -67,6 +67,11 @@ class VLLMRolloutEngine:
         self.sleeping = False
         self.version = 0
         self.last_sync_parts: dict[str, float] = {}
+        self._pending: tuple[list[list[int]], SamplingSettings, int] | None = (
+            None  # an async generate in flight
+        )
+        self._ready: Any = None  # its reply, once another command had to read past it
+        self.last_generate_span: tuple[float, float] = (0.0, 0.0)  # the worker's wall-clock start, end
         self.pad_id = int(tokenizer.pad_token_id)
         self.eos_ids = sorted({int(tokenizer.eos_token_id)} | _generation_eos(model_path))
         self.shm = Path(
@@ -78,7 +83,6 @@ class VLLMRolloutEngine:
         self.recipe = None
         if r.quantization == "awq":
             from lite_verl.quant.awq import AWQRecipe
-
             from lite_verl.rollout.vllm_compat import can_reload_quantized
 
             if self.mode == "merged" and not can_reload_quantized():
@@ -141,6 +145,8 @@ class VLLMRolloutEngine:
         return result
 
     def _call(self, command: str, timeout: float = 3600, **kwargs: Any) -> Any:
+        if self._pending is not None and self._ready is None:
+            self._ready = self._wait("generate", timeout)  # replies come in order: the rollout's first
         self.conn.send((command, kwargs))
         return self._wait(command, timeout)
 
@@ -155,12 +161,44 @@ class VLLMRolloutEngine:
 
     # --- RolloutEngine ---------------------------------------------------------------------------
     def generate(self, prompts: list[list[int]], sampling: SamplingSettings, seed: int) -> RolloutBatch:
+        """A rollout, waited for (it queues behind a rollout in flight, e.g. validation during a prefetch)."""
         self.wake()
+        kwargs, greedy_copies = self._generate_args(prompts, sampling, seed)
+        return self._to_batch(prompts, sampling, greedy_copies, self._call("generate", **kwargs))
+
+    def submit(self, prompts: list[list[int]], sampling: SamplingSettings, seed: int) -> None:
+        """Start a rollout and return at once (one-step-off-policy: it runs while the trainer updates).
+        Commands sent meanwhile (a weight sync) queue behind it in the worker."""
+        if self._pending is not None:
+            raise RuntimeError("a rollout is already in flight; collect() it first")
+        self.wake()
+        kwargs, greedy_copies = self._generate_args(prompts, sampling, seed)
+        self.conn.send(("generate", kwargs))
+        self._pending = (prompts, sampling, greedy_copies)
+
+    def finished_span(self) -> tuple[float, float] | None:
+        """Wall-clock (start, end) of the rollout in flight, if the worker already replied."""
+        return None if self._ready is None else self._ready[2]
+
+    def collect(self) -> RolloutBatch:
+        """The rollout started by submit(), waiting for it if needed."""
+        if self._pending is None:
+            raise RuntimeError("no rollout in flight")
+        prompts, sampling, greedy_copies = self._pending
+        reply = self._ready if self._ready is not None else self._wait("generate", 3600)
+        self._pending = self._ready = None
+        return self._to_batch(prompts, sampling, greedy_copies, reply)
+
+    def _generate_args(self, prompts, sampling: SamplingSettings, seed: int) -> tuple[dict[str, Any], int]:
         greedy_copies = sampling.n if sampling.temperature == 0 else 1  # vLLM wants n=1 when greedy
-        ids, lps = self._call(
-            "generate", prompts=prompts, n=sampling.n // greedy_copies, temperature=sampling.temperature, top_p=sampling.top_p,
+        kwargs = dict(
+            prompts=prompts, n=sampling.n // greedy_copies, temperature=sampling.temperature, top_p=sampling.top_p,
             max_tokens=sampling.max_new_tokens, seed=seed, stop_ids=self.eos_ids,
         )  # fmt: skip
+        return kwargs, greedy_copies
+
+    def _to_batch(self, prompts, sampling: SamplingSettings, greedy_copies: int, reply) -> RolloutBatch:
+        ids, lps, self.last_generate_span = reply
         if greedy_copies > 1:
             ids, lps = ids.repeat_interleave(greedy_copies, 0), lps.repeat_interleave(greedy_copies, 0)
         rows = [p for p in prompts for _ in range(sampling.n)]
@@ -188,7 +226,7 @@ class VLLMRolloutEngine:
 
     def sleep(self) -> None:
         """Colocated on CUDA: free vLLM's KV cache while the trainer runs."""
-        if self.colocated and torch.cuda.is_available() and not self.sleeping:
+        if self.colocated and torch.cuda.is_available() and not self.sleeping and self._pending is None:
             self._call("sleep")
             self.sleeping = True
 

@@ -82,9 +82,13 @@ class _Server:
         self.lora = None  # the current LoRARequest, or None (base weights)
 
     def generate(self, prompts: list[list[int]], n: int, temperature: float, top_p: float, max_tokens: int,
-                 seed: int, stop_ids: list[int]) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+                 seed: int, stop_ids: list[int]) -> tuple[torch.Tensor, torch.Tensor, tuple[float, float]]:  # fmt: skip
+        """-> token ids [N, R] (-1 = none), their log-probs, and this call's wall-clock (start, end)."""
+        import time
+
         from vllm import SamplingParams
 
+        started = time.time()
         from lite_verl.rollout.vllm_compat import sampled_logprobs, tokens_prompt
 
         params = [
@@ -110,7 +114,7 @@ class _Server:
         for i, (t, lp) in enumerate(rows):
             ids[i, : len(t)] = torch.tensor(t, dtype=torch.long)
             lps[i, : len(lp)] = torch.tensor(lp, dtype=torch.float32)
-        return ids, lps
+        return ids, lps, (started, time.time())
 
     def score(self, sequences: list[list[int]], temperature: float) -> list[list[float]]:
         """Log-probs of tokens 1.. of each sequence under the current weights (prompt_logprobs)."""

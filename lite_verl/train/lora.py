@@ -188,6 +188,7 @@ class LoraBackend:
         from peft import get_peft_model_state_dict
 
         from lite_verl.device import torch_dtype
+
         directory.mkdir(parents=True, exist_ok=True)
         if self._adapter_config_json is None:
             self._adapter_config_json = json.dumps(self.model.peft_config["default"].to_dict(), default=list)
@@ -197,7 +198,9 @@ class LoraBackend:
         state = self._adapter_tensors
         if transform is not None:
             state = {k: transform(k, v) for k, v in state.items()}
-        self._adapter_writer.write(state, directory / "adapter_model.safetensors", torch_dtype(dtype) if dtype else None)
+        self._adapter_writer.write(
+            state, directory / "adapter_model.safetensors", torch_dtype(dtype) if dtype else None
+        )
 
     @torch.no_grad()
     def merged_linears(self):
