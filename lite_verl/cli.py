@@ -115,6 +115,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-prompts", type=int, default=512, help="calibration prompts to use")
 
     p = sub.add_parser(
+        "report",
+        help="print a finished run's bill and numbers, write PNG plots",
+        description="The run's table (GPU-hours per role, cost, wall time, tokens/s, utilisation), a what-if "
+        "for the other placement, and PNG plots in RUN/report/ (matplotlib: pip install 'lite-verl[report]').",
+    )
+    p.add_argument("run", help="run directory")
+    p.add_argument("--no-plots", action="store_true", help="only the table")
+
+    p = sub.add_parser(
         "export",
         help="write a run's trained policy as a model directory",
         description="Merge the last checkpoint's adapter into the base: a HF model (--format hf) "
@@ -244,6 +253,13 @@ def cmd_quantize(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_report(args: argparse.Namespace) -> int:
+    from lite_verl.report import report
+
+    print(report(args.run, plots=not args.no_plots))
+    return 0
+
+
 def cmd_export(args: argparse.Namespace) -> int:
     from lite_verl.export import export_run
 
@@ -255,6 +271,7 @@ def cmd_export(args: argparse.Namespace) -> int:
 COMMANDS = {
     "quantize": cmd_quantize,
     "export": cmd_export,
+    "report": cmd_report,
     "import-gguf": cmd_import_gguf,
     "train": cmd_train,
     "validate": cmd_validate,

@@ -278,3 +278,32 @@ def test_quantize_cli_writes_a_vllm_awq_model_with_its_recipe(tmp_path):
     assert (tmp_path / "q" / "lite_verl_awq_recipe.st").is_file()
     bad = cli("quantize", str(tmp_path / "nope"), "q2", cwd=tmp_path)
     assert bad.returncode == 2 and "no config.json" in bad.stderr and not (tmp_path / "q2").exists()
+
+
+def test_report_prints_the_bill_and_writes_png_plots(tmp_path):
+    run = cli("train", "--run-dir", "run", *FAST, "--set", "trainer.total_steps=3", cwd=tmp_path)
+    assert run.returncode == 0, run.stderr[-2000:]
+    out = cli("report", "run", cwd=tmp_path)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert (
+        "The bill" in out.stdout and "step time by phase: rollout" in out.stdout and "what-if" in out.stdout
+    )
+    if importlib.util.find_spec("matplotlib") is not None:
+        for name in ("reward.png", "tokens_per_s.png", "timeline.png", "cost.png"):
+            assert (tmp_path / "run" / "report" / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert (tmp_path / "run" / "report.txt").is_file()
+    bad = cli("report", "nowhere", cwd=tmp_path)
+    assert bad.returncode == 2 and "no summary.json" in bad.stderr
+
+
+def test_what_if_prices_the_other_placement():
+    from lite_verl.config import load_config
+    from lite_verl.report import what_if
+
+    rows = [
+        {"timing/rollout_s": 2.0, "timing/reward_s": 0.5, "timing/update_s": 3.0, "timing/sync_s": 0.1}
+    ] * 10
+    colocated = what_if(load_config("4090x1"), rows)
+    assert "split" in colocated and "~36 s of steps on 2 GPU(s)" in colocated  # max(2, 3.5) + 0.1 per step
+    split = what_if(load_config("3090x2"), rows)
+    assert "colocated" in split and "~56 s of steps on 1 GPU(s)" in split  # 2 + 0.5 + 3 + 0.1 per step

@@ -1,0 +1,164 @@
+"""`lite-verl report RUN`: the run's bill and numbers as a table, a what-if for the other placement,
+and PNG plots (reward, tokens/s, per-role time line, cost over time) in RUN/report/.
+
+Everything comes from the run directory (config.yaml, metrics.jsonl, summary.json), so a report can be
+made again at any time, on any machine. Plots need matplotlib (`pip install 'lite-verl[report]'`);
+without it the table is still printed and one line says how to get the plots.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+from typing import Any
+
+from lite_verl.config import Config
+from lite_verl.cost import BillRow, format_bill
+from lite_verl.errors import UserError
+
+PHASES = ("rollout", "reward", "update", "sync")
+
+
+def _load(run_dir: Path) -> tuple[Config, list[dict[str, Any]], dict[str, Any]]:
+    from lite_verl.loop import load_run_config
+    from lite_verl.rundir import read_metrics
+
+    if not (run_dir / "summary.json").is_file():
+        raise UserError(
+            f"{run_dir} has no summary.json: the run has not finished (or is not a lite-verl run dir)"
+        )
+    cfg = load_run_config(run_dir, [])
+    rows = [m for m in read_metrics(run_dir) if "reward/mean" in m]
+    return cfg, rows, json.loads((run_dir / "summary.json").read_text())
+
+
+def what_if(cfg: Config, rows: list[dict[str, Any]]) -> str:
+    """The same run priced under the other placement, from its measured phase times per step.
+
+    colocated: one set of GPUs does every phase in turn; split with one-step-off-policy: the rollout of
+    step k+1 overlaps reward + update of step k, so a step takes max(rollout, reward + update) + sync
+    on the train GPUs plus as many rollout GPUs again (same GPU model)."""
+    if not cfg.train.gpus:
+        return "what-if: the run used no GPU; nothing to compare"
+    t = {p: [m.get(f"timing/{p}_s", 0.0) for m in rows] for p in PHASES}
+    serial = sum(sum(v) for v in t.values())
+    overlapped = sum(
+        max(r, w + u) + s for r, w, u, s in zip(t["rollout"], t["reward"], t["update"], t["sync"])
+    )
+    prices = cfg.cost.price_per_hour
+    models = cfg.cost.gpu_models
+    train_price = sum(prices.get(models[g], 0.0) for g in cfg.train.gpus)
+    colocated = bool(cfg.rollout.gpus) and cfg.rollout.gpus == cfg.train.gpus
+    if colocated:
+        wall, gpus, price = overlapped, 2 * len(cfg.train.gpus), 2 * train_price
+        other = f"split (rollout on {len(cfg.train.gpus)} more GPU(s) of the same model, one-step-off-policy)"
+    else:
+        wall, gpus, price = serial, len(cfg.train.gpus), train_price
+        other = "colocated (rollout and training share the train GPUs, in turn)"
+    return (
+        f"what-if {other}: ~{wall:.0f} s of steps on {gpus} GPU(s), ~{wall / 3600 * price:.4f} USD "
+        f"(from this run's per-step phase times; validation and start-up not included)"
+    )
+
+
+def report_text(run_dir: Path) -> str:
+    from lite_verl.console import summary_text
+
+    cfg, rows, summary = _load(run_dir)
+    bill = [BillRow(**b) for b in summary.get("bill", [])]
+    lines = [summary_text(summary, bill).rstrip(), what_if(cfg, rows)]
+    if rows:
+        share = {p: sum(m.get(f"timing/{p}_s", 0.0) for m in rows) for p in PHASES}
+        total = sum(share.values()) or 1.0
+        lines.append("step time by phase: " + ", ".join(f"{p} {v / total:.0%}" for p, v in share.items()))
+        overlap = sum(m.get("perf/overlap_s", 0.0) for m in rows)
+        if overlap:
+            lines.append(f"rollout overlapped with updates for {overlap:.1f} s (rollout.max_staleness=1)")
+    return "\n".join(lines)
+
+
+def write_plots(run_dir: Path) -> list[Path]:
+    """reward.png, tokens_per_s.png, timeline.png, cost.png in RUN/report/ -> their paths."""
+    if importlib.util.find_spec("matplotlib") is None:
+        return []
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from lite_verl.rundir import read_metrics
+
+    cfg, rows, summary = _load(run_dir)
+    out = run_dir / "report"
+    out.mkdir(exist_ok=True)
+    steps = [m["step"] for m in rows]
+    vals = [m for m in read_metrics(run_dir) if "val/reward_mean" in m]
+    paths = []
+
+    def save(fig, name: str) -> None:
+        fig.tight_layout()
+        fig.savefig(out / name, dpi=100)
+        plt.close(fig)
+        paths.append(out / name)
+
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    ax.plot(steps, [m["reward/mean"] for m in rows], label="train reward (mean)")
+    if vals:
+        ax.plot(
+            [m["step"] for m in vals], [m["val/reward_mean"] for m in vals], "o-", label="validation (greedy)"
+        )
+    ax.set_xlabel("step")
+    ax.set_ylabel("reward")
+    ax.legend()
+    save(fig, "reward.png")
+
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    ax.plot(steps, [m.get("perf/tokens_per_s", 0.0) for m in rows], label="all tokens / step time")
+    ax.plot(
+        steps, [m.get("perf/gen_tokens_per_s", 0.0) for m in rows], label="generated tokens / rollout time"
+    )
+    ax.set_xlabel("step")
+    ax.set_ylabel("tokens/s")
+    ax.legend()
+    save(fig, "tokens_per_s.png")
+
+    fig, ax = plt.subplots(figsize=(6, 3.5))  # per-role busy time line: phase seconds per step, stacked
+    bottom = [0.0] * len(rows)
+    for p in PHASES:
+        v = [m.get(f"timing/{p}_s", 0.0) for m in rows]
+        ax.bar(steps, v, bottom=bottom, label=p, width=1.0)
+        bottom = [b + x for b, x in zip(bottom, v)]
+    ax.set_xlabel("step")
+    ax.set_ylabel("seconds")
+    ax.legend()
+    save(fig, "timeline.png")
+
+    fig, ax = plt.subplots(figsize=(6, 3.5))  # cost accrues with wall time at the run's hourly rate
+    wall = summary.get("wall_s") or 0.0
+    total = sum(b["cost_usd"] for b in summary.get("bill", []))
+    elapsed, t = [], 0.0
+    for m in rows:
+        t += m.get("timing/step_s", 0.0)
+        elapsed.append(t)
+    scale = total / elapsed[-1] if elapsed and elapsed[-1] > 0 else 0.0
+    ax.plot(elapsed, [e * scale for e in elapsed])
+    ax.set_xlabel(f"step time, s (run wall time {wall:.0f} s)")
+    ax.set_ylabel("USD")
+    save(fig, "cost.png")
+    return paths
+
+
+def report(run_dir: str | Path, plots: bool = True) -> str:
+    run = Path(run_dir)
+    text = report_text(run)
+    if plots:
+        written = write_plots(run)
+        if written:
+            text += "\nplots: " + ", ".join(str(p) for p in written)
+        else:
+            text += "\nplots: matplotlib is not installed; install it with: pip install 'lite-verl[report]'"
+    from lite_verl.rundir import atomic_write_text
+
+    atomic_write_text(run / "report.txt", text + "\n")
+    return text
