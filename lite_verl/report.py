@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from lite_verl.config import Config
-from lite_verl.cost import BillRow, format_bill
+from lite_verl.cost import BillRow
 from lite_verl.errors import UserError
 
 PHASES = ("rollout", "reward", "update", "sync")
