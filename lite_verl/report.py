@@ -49,7 +49,7 @@ def what_if(cfg: Config, rows: list[dict[str, Any]]) -> str:
     prices = cfg.cost.price_per_hour
     models = cfg.cost.gpu_models
     train_price = sum(prices.get(models[g], 0.0) for g in cfg.train.gpus)
-    colocated = bool(cfg.rollout.gpus) and cfg.rollout.gpus == cfg.train.gpus
+    colocated = bool(cfg.rollout.gpus) and cfg.rollout.gpus == cfg.train.gpus and cfg.rollout.colocate
     if colocated:
         wall, gpus, price = overlapped, 2 * len(cfg.train.gpus), 2 * train_price
         other = f"split (rollout on {len(cfg.train.gpus)} more GPU(s) of the same model, one-step-off-policy)"

@@ -103,10 +103,10 @@ def _check_rollout_train(cfg: Config) -> None:
             raise ConfigError(
                 "rollout.max_staleness=1 needs rollout.engine=vllm: the rollout must run in its own process to overlap"
             )
-        if r.gpus and r.gpus == t.gpus:
+        if r.gpus and r.gpus == t.gpus and r.colocate:
             raise ConfigError(
-                "rollout.max_staleness=1 needs split placement: rollout.gpus must differ from train.gpus "
-                "(colocated, vLLM sleeps while the trainer runs, so nothing can overlap)"
+                "rollout.max_staleness=1 needs split placement: give rollout.gpus other than train.gpus, or set "
+                "rollout.colocate=false to share the cards without sleeping (colocated, vLLM sleeps during updates)"
             )
     if r.quantization == "awq":
         if r.engine != "vllm":

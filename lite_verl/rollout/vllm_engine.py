@@ -63,7 +63,8 @@ class VLLMRolloutEngine:
         r = cfg.rollout
         self.cfg, self.tokenizer, self.backend = cfg, tokenizer, backend
         self.mode = cfg.sync.mode
-        self.colocated = bool(r.gpus) and r.gpus == cfg.train.gpus
+        self.same_gpus = bool(r.gpus) and r.gpus == cfg.train.gpus  # weights can move by CUDA IPC
+        self.colocated = self.same_gpus and r.colocate  # the hybrid engine: vLLM sleeps during updates
         self.sleeping = False
         self.version = 0
         self.last_sync_parts: dict[str, float] = {}
@@ -251,7 +252,7 @@ class VLLMRolloutEngine:
     def _push_merged(self) -> None:
         """Buckets go one at a time (extra peak memory: one bucket on each side), then the prefix cache
         is reset: cached KV was computed with the old weights."""
-        share_cuda = self.colocated and torch.cuda.is_available()
+        share_cuda = self.same_gpus and torch.cuda.is_available()
         bucket_bytes = int(self.cfg.sync.bucket_mb * 2**20)
         convert = self._awq_linear if self.recipe else None
         for bucket in self.backend.merged_weight_buckets(bucket_bytes, self.serving_dtype, convert):
