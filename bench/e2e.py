@@ -12,15 +12,14 @@ time, the mean rollout/trainer log-prob gap, sync time. Per-step metrics go to b
 from __future__ import annotations
 
 import argparse
-import json
 import shutil
 import statistics
-import subprocess
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from results import REPORT, append, render  # noqa: E402
+from train_run import learning_figures, train_run  # noqa: E402
 
 VARIANTS = {
     "bf16": ["rollout.quantization=none"],
@@ -31,28 +30,15 @@ VARIANTS = {
 
 def run(variant: str, steps: int, model: str, task: str, out: Path) -> None:
     run_dir = Path("/tmp/lite-verl-e2e") / variant
-    shutil.rmtree(run_dir, ignore_errors=True)
     sets = [f"model.path={model}", f"data.task={task}", f"trainer.total_steps={steps}", "trainer.progress=false",
             "rollout.enforce_eager=true", "trainer.val_every=" + str(max(steps // 4, 1)), *VARIANTS[variant]]  # fmt: skip
-    cmd = [sys.executable, "-m", "lite_verl", "train", "--preset", "4090x1", "--run-dir", str(run_dir)]
-    for s in sets:
-        cmd += ["--set", s]
-    proc = subprocess.run(cmd, capture_output=True, text=True)
-    if proc.returncode != 0:
-        print(proc.stderr[-3000:], file=sys.stderr)
-        raise SystemExit(f"{variant}: lite-verl train failed ({proc.returncode})")
-    rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    train = [r for r in rows if "reward/mean" in r]
-    val = [r for r in rows if "val/reward_mean" in r]
-    k = max(len(train) // 10, 1)
-    summary = json.loads((run_dir / "summary.json").read_text())
+    train, val, summary, _ = train_run("4090x1", run_dir, sets)
     gaps = [r["rollout/logprob_gap_mean"] for r in train if "rollout/logprob_gap_mean" in r]
     figures = [
-        ("reward_first_10pct", statistics.mean(r["reward/mean"] for r in train[:k]), "reward"),
-        ("reward_last_10pct", statistics.mean(r["reward/mean"] for r in train[-k:]), "reward"),
-        ("val_reward_start_greedy", val[0]["val/reward_mean"] if val else float("nan"), "reward"),
-        ("val_reward_end_greedy", val[-1]["val/reward_mean"] if val else float("nan"), "reward"),
-        ("train_wall_time", float(summary["wall_s"]), "s"),
+        (m, v, "s" if m.endswith("time") else "reward")
+        for m, v in learning_figures(train, val, summary).items()
+    ]
+    figures += [
         ("sync_median_s", statistics.median(r["timing/sync_s"] for r in train), "s"),
         ("rollout_median_s", statistics.median(r["timing/rollout_s"] for r in train), "s"),
     ]

@@ -1,0 +1,43 @@
+"""`lite-verl train` as a subprocess for benchmarks, and the learning figures every run report shares."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+
+def train_run(
+    preset: str, run_dir: Path, sets: list[str]
+) -> tuple[list[dict], list[dict], dict[str, Any], float]:
+    """-> (per-step rows, validation rows, summary.json, process wall seconds); exits on failure."""
+    shutil.rmtree(run_dir, ignore_errors=True)
+    cmd = [sys.executable, "-m", "lite_verl", "train", "--preset", preset, "--run-dir", str(run_dir)]
+    for s in sets:
+        cmd += ["--set", s]
+    t0 = time.perf_counter()
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    wall = time.perf_counter() - t0
+    if proc.returncode != 0:
+        print(proc.stderr[-3000:], file=sys.stderr)
+        raise SystemExit(f"{run_dir.name}: lite-verl train failed ({proc.returncode})")
+    rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    train = [r for r in rows if "reward/mean" in r]
+    val = [r for r in rows if "val/reward_mean" in r]
+    return train, val, json.loads((run_dir / "summary.json").read_text()), wall
+
+
+def learning_figures(train: list[dict], val: list[dict], summary: dict[str, Any]) -> dict[str, float]:
+    k = max(len(train) // 10, 1)
+    return {
+        "reward_first_10pct": statistics.mean(r["reward/mean"] for r in train[:k]),
+        "reward_last_10pct": statistics.mean(r["reward/mean"] for r in train[-k:]),
+        "val_reward_start_greedy": val[0]["val/reward_mean"] if val else float("nan"),
+        "val_reward_end_greedy": val[-1]["val/reward_mean"] if val else float("nan"),
+        "train_wall_time": float(summary["wall_s"]),
+    }
