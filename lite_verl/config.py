@@ -136,6 +136,12 @@ class RewardConfig:
     on_error: str = "raise"  # raise | default: what a raising, crashing or hanging reward.function does
     default_score: float = 0.0  # the score given on a failure when on_error=default
     device: str = "cpu"  # where a reward model runs: cpu or cuda:N
+    model: str = ""  # a reward model dir (sequence classification, one output); replaces the rule reward
+    keep_alive_s: float = (
+        0.0  # reward.model: release it after this many idle seconds (0 = after every scoring)
+    )
+    url: str = ""  # a remote reward endpoint (POST items -> scores); replaces the rule reward
+    retries: int = 2  # reward.url: retries after a failed request (network error, timeout, HTTP 5xx)
 
 
 @dataclass(frozen=True)

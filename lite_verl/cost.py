@@ -20,6 +20,7 @@ class Ledger:
     busy: dict[tuple[str, str], float] = field(default_factory=lambda: defaultdict(float))
     started: float = field(default_factory=time.monotonic)
     elapsed_before: float = 0.0  # wall seconds of earlier segments of a resumed run
+    on_demand: dict[str, float] = field(default_factory=lambda: defaultdict(float))  # device -> seconds held
 
     @classmethod
     def from_config(cls, cfg: Config) -> Ledger:
@@ -44,6 +45,10 @@ class Ledger:
             for d in self.devices[role]:
                 self.busy[(role, d)] += dt
 
+    def add_held(self, device: str, seconds: float) -> None:
+        """A device held only part of the run (a reward model loaded on demand): billed for this time."""
+        self.on_demand[device] += max(seconds, 0.0)
+
     def add_busy(self, role: str, seconds: float) -> None:
         """Busy time measured elsewhere (a rollout that ran in its worker while the trainer worked)."""
         for d in self.devices[role]:
@@ -53,12 +58,15 @@ class Ledger:
         return self.elapsed_before + time.monotonic() - self.started
 
     def state(self) -> dict:
-        return {"wall": self.wall(), "busy": [[r, d, s] for (r, d), s in self.busy.items()]}
+        return {"wall": self.wall(), "busy": [[r, d, s] for (r, d), s in self.busy.items()],
+                "on_demand": dict(self.on_demand)}  # fmt: skip
 
     def restore(self, state: dict) -> None:
         self.elapsed_before = float(state.get("wall", 0.0))
         for r, d, s in state.get("busy", []):
             self.busy[(r, d)] = float(s)
+        for d, s in state.get("on_demand", {}).items():
+            self.on_demand[d] = float(s)
 
 
 @dataclass(frozen=True)
@@ -86,7 +94,9 @@ def bill(ledger: Ledger, cfg: Config) -> list[BillRow]:
             model = cfg.cost.gpu_models[int(d[5:])] if d.startswith("cuda:") else "cpu"
             price = cfg.cost.price_per_hour.get(model, 0.0)
             busy = ledger.busy.get((role, d), 0.0)
-            if d.startswith("cuda:"):
+            if d in ledger.on_demand and sharers[d] == [role]:  # loaded on demand: held while loaded
+                held = ledger.on_demand[d]
+            elif d.startswith("cuda:"):
                 total_busy = sum(ledger.busy.get((r, d), 0.0) for r in sharers[d])
                 share = busy / total_busy if total_busy > 0 else 1 / len(sharers[d])
                 held = wall * share

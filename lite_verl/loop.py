@@ -93,6 +93,7 @@ class Session:
     reward_worker: Any = None  # reward_worker.RewardWorker for an isolated reward.function
     micro: MicroBatchSize | None = None  # train.micro_batch_size, halved after an out-of-memory
     prefetched: list[int] | None = None  # rollout.max_staleness=1: prompt rows of the rollout in flight
+    reward_model: Any = None  # reward_model.OnDemandRewardModel for reward.model
 
 
 def prepare(cfg: Config) -> Session:
@@ -129,7 +130,14 @@ def prepare(cfg: Config) -> Session:
         w = cfg.reward
         worker = RewardWorker(w.function, w.timeout_s, w.on_error, w.default_score)
     micro = MicroBatchSize(cfg.train.micro_batch_size)
-    return Session(cfg, tokenizer, backend, engine, train_set, val_set, reward_fn, kl_ctrl, worker, micro)
+    session = Session(cfg, tokenizer, backend, engine, train_set, val_set, reward_fn, kl_ctrl, worker, micro)
+    if cfg.reward.model:
+        from lite_verl.reward_model import OnDemandRewardModel
+
+        session.reward_model = OnDemandRewardModel(
+            Path(cfg.reward.model), cfg.reward.device, cfg.reward.keep_alive_s
+        )
+    return session
 
 
 def resolve_auto(cfg: Config) -> Config:
@@ -166,6 +174,25 @@ def score(
     session: Session, rows_idx: list[int], prompts: PromptSet, texts: list[str], n: int
 ) -> torch.Tensor:
     rows = [prompts.rows[i] for i in rows_idx for _ in range(n)]
+    w = session.cfg.reward
+    if session.reward_model is not None:
+        return torch.tensor(
+            session.reward_model.score([r.messages for r in rows], texts), dtype=torch.float32
+        )
+    if w.url:
+        from lite_verl.reward_model import score_remote
+
+        items = [{"data_source": r.data_source, "solution_str": t, "ground_truth": r.ground_truth,
+                  "extra_info": r.extra_info} for r, t in zip(rows, texts)]  # fmt: skip
+        try:
+            return torch.tensor(score_remote(w.url, items, w.timeout_s, w.retries), dtype=torch.float32)
+        except UserError as e:
+            if w.on_error != "default":
+                raise
+            warnings.warn(
+                f"{e}; scored {len(items)} samples {w.default_score} (reward.on_error=default)", stacklevel=1
+            )
+            return torch.full((len(items),), float(w.default_score))
     if session.reward_worker is not None:
         items = [(r.data_source, t, r.ground_truth, r.extra_info) for r, t in zip(rows, texts)]
         return torch.tensor(session.reward_worker.score(items), dtype=torch.float32)
@@ -205,6 +232,8 @@ def _greedy_baselines(
 
 def train_step(session: Session, sampler: PromptSampler, step: int, ledger: Ledger) -> dict[str, float]:
     cfg, r, a = session.cfg, session.cfg.rollout, session.cfg.algorithm
+    if session.reward_model is not None:
+        session.reward_model.release_if_idle()
     t0 = time.perf_counter()
     sampling = SamplingSettings(
         n=r.n, temperature=r.temperature, top_p=r.top_p, max_new_tokens=r.max_new_tokens
@@ -303,6 +332,8 @@ def run_training(session: Session, run: RunDir, resume: bool = False) -> dict[st
     """The loop. Returns the summary (also written to RUN/summary.json)."""
     cfg, tr = session.cfg, session.cfg.trainer
     ledger = Ledger.from_config(cfg)
+    if session.reward_model is not None:
+        session.reward_model.ledger = ledger  # its device is billed while the model is loaded
     start, consumed = _resume(session, run, ledger) if resume else (1, 0)
     log = MetricsLog(run.path, tr.tensorboard, resume_step=start - 1 if resume else None)
     sampler = PromptSampler(len(session.train_set), tr.batch_size, tr.seed, cfg.data.shuffle, consumed)
@@ -322,6 +353,8 @@ def run_training(session: Session, run: RunDir, resume: bool = False) -> dict[st
             session.reward_worker.close()
         if hasattr(session.engine, "close"):
             session.engine.close()
+        if session.reward_model is not None:
+            session.reward_model.release()
     return _finish(session, run, ledger)
 
 

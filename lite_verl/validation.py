@@ -191,10 +191,21 @@ def _check_reward_trainer(cfg: Config) -> None:
         )
     _positive("reward.timeout_s", w.timeout_s)
     _one_of("reward.on_error", w.on_error, ("raise", "default"))
-    if w.on_error == "default" and not w.isolate:
+    if w.on_error == "default" and w.function and not w.isolate:
         raise ConfigError("reward.on_error=default needs reward.isolate=true (a worker process to restart)")
     if w.device != "cpu" and not (w.device.startswith("cuda:") and w.device[5:].isdigit()):
         raise ConfigError(f"reward.device={w.device!r} must be cpu or cuda:N")
+    sources = [
+        k for k, v in (("reward.function", w.function), ("reward.model", w.model), ("reward.url", w.url)) if v
+    ]
+    if len(sources) > 1:
+        raise ConfigError(f"{' and '.join(sources)} are both set; a run has one reward source: keep one")
+    if w.model and not Path(w.model).is_dir():
+        raise ConfigError(f"reward.model={w.model!r} does not exist; give a reward model directory")
+    _positive("reward.keep_alive_s", w.keep_alive_s, allow_zero=True)
+    if w.url and not w.url.startswith(("http://", "https://")):
+        raise ConfigError(f"reward.url={w.url!r} must start with http:// or https://")
+    _positive("reward.retries", w.retries, allow_zero=True)
     _one_of("sync.mode", cfg.sync.mode, SYNC_MODES)
     _positive("sync.bucket_mb", cfg.sync.bucket_mb)
 
