@@ -56,6 +56,11 @@ NOTES = {  # what a reader must know about a table that its rows do not say
     "slower than synchronous (157 vs 44 s). Later rows give the worker and the trainer one core each. The "
     "learning figures of the two staleness-1 runs are identical (same seeds, deterministic on the CPU). On 2 "
     "cores the overlap cannot pay (each side gets half the machine); it is for split GPUs.",
+    "vs_trl": "CPU (2 cores), tiny:qwen2, both generating with HF transformers. Throughput counts generated "
+    "tokens plus tokens through the update, per wall second of the training loop. The learning columns are "
+    "not a like-for-like comparison yet: TRL's GRPO defaults (loss_type, reward scaling, clipping) differ "
+    "from lite-verl's verl-style GRPO; only the throughput pair is. The H200 rows (vLLM on both sides) are "
+    "still to come.",
 }
 FIELDS = ("bench", "date", "commit", "hardware", "model", "settings", "metric", "value", "unit", "command")
 

@@ -44,9 +44,9 @@ def trl(model: str, steps: int) -> dict[str, float]:
     from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
 
+    from lite_verl.config import ModelConfig
     from lite_verl.data.tasks import task_rows
     from lite_verl.model import resolve_model_path
-    from lite_verl.config import ModelConfig
     from lite_verl.rewards import echo_score
 
     path = resolve_model_path(ModelConfig(path=model))
