@@ -109,7 +109,7 @@ def prepare(cfg: Config) -> Session:
     tokenizer = load_tokenizer(path, cfg.model.trust_remote_code)
     train_set, val_set = load_prompt_sets(cfg.data, tokenizer, cfg.trainer.seed)
     device = role_device(cfg.train.gpus)
-    base = load_model(path, cfg.model, device)
+    base = load_model(path, cfg.model, device, nf4=cfg.train.backend == "qlora")
     backend = LoraBackend(base, cfg.train, device, cfg.trainer.seed, cfg.model.fp32_lm_head)
     if cfg.algorithm.adv_estimator == "gae":
         backend.enable_critic(cfg.critic)
@@ -148,7 +148,10 @@ def resolve_auto(cfg: Config) -> Config:
 
     if cfg.algorithm.rollout_correction != "auto":
         return cfg
-    mode = "token" if cfg.rollout.quantization != "none" or cfg.rollout.max_staleness > 0 else "none"
+    quantized = (
+        cfg.rollout.quantization != "none" or cfg.train.backend == "qlora"
+    )  # trainer and engine differ
+    mode = "token" if quantized or cfg.rollout.max_staleness > 0 else "none"
     return replace(cfg, algorithm=replace(cfg.algorithm, rollout_correction=mode))
 
 

@@ -70,12 +70,33 @@ def load_tokenizer(path: Path, trust_remote_code: bool = False):
     return tok
 
 
-def load_model(path: Path, cfg: ModelConfig, device: torch.device):
+def load_model(path: Path, cfg: ModelConfig, device: torch.device, nf4: bool = False):
+    """The model in cfg.dtype on `device`; nf4=True (train.backend=qlora): every linear layer of the
+    decoder stored as bitsandbytes 4-bit NF4 (double-quantized), computing in cfg.dtype; the LM head
+    and embeddings stay in cfg.dtype."""
     from transformers import AutoModelForCausalLM
 
     from lite_verl.device import torch_dtype
 
+    if not nf4:
+        model = AutoModelForCausalLM.from_pretrained(
+            path, dtype=torch_dtype(cfg.dtype), trust_remote_code=cfg.trust_remote_code
+        )
+        return model.to(device)
+    from transformers import BitsAndBytesConfig
+
+    quant = BitsAndBytesConfig(
+        load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True,
+        bnb_4bit_compute_dtype=torch_dtype(cfg.dtype),
+    )  # fmt: skip
     model = AutoModelForCausalLM.from_pretrained(
-        path, dtype=torch_dtype(cfg.dtype), trust_remote_code=cfg.trust_remote_code
-    )
-    return model.to(device)
+        path, dtype=torch_dtype(cfg.dtype), quantization_config=quant, device_map={"": str(device)},
+        trust_remote_code=cfg.trust_remote_code,
+    )  # fmt: skip
+    # On a CPU, bitsandbytes repacks a 4-bit weight into an inference-only layout at its first eval
+    # forward, after which training through that layer fails; lite-verl generates and trains with the
+    # same layers, so that repacking is turned off.
+    for module in model.modules():
+        if hasattr(module, "support_avx512bf16_for_cpu"):
+            module.support_avx512bf16_for_cpu = False
+    return model

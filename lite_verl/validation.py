@@ -34,7 +34,6 @@ QUANTIZATIONS = ("none", "awq")
 # Parts of the design that have their own issue and are not built yet. A preset may name them: it then
 # fails validation with this message instead of crashing later.
 NOT_BUILT = {
-    ("train.backend", "qlora"): "the QLoRA backend is not built yet (the big-models issue)",
     ("train.backend", "fsdp"): "the FSDP2 offload backend is not built yet (the big-models issue)",
     ("train.backend", "deepspeed"): "the DeepSpeed ZeRO-3 backend is not built yet (the big-models issue)",
 }

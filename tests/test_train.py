@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import importlib.util
+
 import pytest
 import torch
 from conftest import SMALL
@@ -150,3 +152,40 @@ def test_flat_file_writer_reuses_its_buffers_and_writes_current_values(tmp_path)
         writer.write({"a": a, "b": b}, tmp_path / "x.safetensors", torch.bfloat16)
         back = load_file(str(tmp_path / "x.safetensors"))
         assert torch.equal(back["a"], a.bfloat16()) and torch.equal(back["b"], b.bfloat16())
+
+
+@pytest.mark.skipif(
+    importlib.util.find_spec("bitsandbytes") is None,
+    reason="bitsandbytes is not installed: pip install 'lite-verl[qlora]'",
+)
+def test_qlora_trains_its_adapter_and_stays_near_the_full_precision_base():
+    from lite_verl.loop import prepare
+    from lite_verl.tiny import resolve_tiny
+
+    smooth = resolve_tiny("tiny:qwen2", init_std=0.02)  # a smooth model: 4-bit error stays small
+    sessions = {b: prepare(load_config("laptop", None, [*SMALL, f"model.path={smooth}", f"train.backend={b}"]))
+                for b in ("lora", "qlora")}  # fmt: skip
+    q = sessions["qlora"]
+    assert (
+        type(q.backend.model.get_base_model().model.layers[0].self_attn.q_proj.base_layer).__name__
+        == "Linear4bit"
+    )
+    assert q.cfg.algorithm.rollout_correction == "token"  # auto: the trainer's base is quantized
+    ids = torch.randint(3, 200, (4, 24), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        lp = {b: s.backend.forward(ids, torch.ones_like(ids), 12, 1.0)[0] for b, s in sessions.items()}
+    assert (lp["qlora"] - lp["lora"]).abs().mean() < 0.05  # NF4 error on a smooth model: small
+    before = {n: p.detach().clone() for n, p in q.backend.model.named_parameters() if p.requires_grad}
+    from lite_verl.cost import Ledger
+    from lite_verl.data.loader import PromptSampler
+
+    metrics = train_step(q, PromptSampler(len(q.train_set), 4, 0, True), 1, Ledger.from_config(q.cfg))
+    assert all(torch.isfinite(torch.tensor(v)) for v in metrics.values() if isinstance(v, float))
+    changed = [
+        n for n, p in q.backend.model.named_parameters() if p.requires_grad and not torch.equal(p, before[n])
+    ]
+    assert changed and all("lora_" in n for n in changed)
+    merged = [w for group in q.backend.merged_linears() for _, w, _ in group]
+    assert merged and all(
+        w.dtype == torch.float32 and w.dim() == 2 for w in merged
+    )  # NF4 dequantized for a sync

@@ -18,7 +18,20 @@ from lite_verl.errors import ConfigError
 from lite_verl.tensorfile import FlatFileWriter
 
 
+def dense_weight(linear: torch.nn.Module) -> torch.Tensor:
+    """A linear layer's weight in fp32; a bitsandbytes 4-bit one (QLoRA) is dequantized."""
+    quant_state = getattr(linear.weight, "quant_state", None)
+    if quant_state is not None:
+        import bitsandbytes.functional as bnb_f
+
+        return bnb_f.dequantize_4bit(linear.weight.data, quant_state).float()
+    return linear.weight.float()
+
+
 class LoraBackend:
+    """LoRA on a frozen base (train.backend=lora), or on a 4-bit NF4 base (train.backend=qlora: the
+    base comes from model.load_model(nf4=True); peft wraps its Linear4bit layers the same way)."""
+
     def __init__(
         self,
         base: torch.nn.Module,
@@ -222,9 +235,9 @@ class LoraBackend:
                 name = f"{parent}.{child_name}".removeprefix("base_model.model.")
                 if isinstance(child, LoraLayer) and "default" in child.lora_A:
                     base = child.get_base_layer()
-                    weight = base.weight.float() + child.get_delta_weight("default").float()
+                    weight = dense_weight(base) + child.get_delta_weight("default").float()
                 elif isinstance(child, torch.nn.Linear):
-                    base, weight = child, child.weight.float()
+                    base, weight = child, dense_weight(child)
                 else:
                     continue
                 group.append((name, weight, base.bias))
