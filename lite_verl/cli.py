@@ -75,6 +75,14 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_parser("presets", help="list the hardware presets")
 
     p = sub.add_parser(
+        "plan",
+        help="predict peak GPU memory per card before loading anything",
+        description="Per GPU and role: predicted peak memory (weights, LoRA + optimizer state, activations, "
+        "logits, vLLM), whether it fits, and which knob to turn.",
+    )
+    _add_config_args(p)
+
+    p = sub.add_parser(
         "make-tiny-model",
         help="write a random-init tiny model + tokenizer",
         description="Write a random-init Qwen2/Llama model and a tokenizer trained locally.",
@@ -174,6 +182,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         return 0
     cfg = load_config(args.preset, args.config, args.sets)
     check_environment(cfg)
+    _check_plan(cfg)
     path = Path(args.run_dir) if args.run_dir else default_run_dir(cfg.preset)
     if path.exists() and any(path.iterdir()):
         raise UserError(
@@ -190,6 +199,24 @@ def cmd_train(args: argparse.Namespace) -> int:
         else:
             print(f"lite-verl: resume with: lite-verl train --resume {path}", file=sys.stderr)
         raise
+    return 0
+
+
+def _check_plan(cfg) -> None:
+    from lite_verl.model import resolve_model_path
+    from lite_verl.plan import check_plan
+
+    if cfg.rollout.gpus or cfg.train.gpus:
+        check_plan(cfg, resolve_model_path(cfg.model))
+
+
+def cmd_plan(args: argparse.Namespace) -> int:
+    from lite_verl.config import load_config
+    from lite_verl.model import resolve_model_path
+    from lite_verl.plan import format_plan, plan, shape_of
+
+    cfg = load_config(args.preset, args.config, args.sets)
+    print(format_plan(cfg, plan(cfg, shape_of(resolve_model_path(cfg.model)))))
     return 0
 
 
@@ -272,6 +299,7 @@ COMMANDS = {
     "quantize": cmd_quantize,
     "export": cmd_export,
     "report": cmd_report,
+    "plan": cmd_plan,
     "import-gguf": cmd_import_gguf,
     "train": cmd_train,
     "validate": cmd_validate,

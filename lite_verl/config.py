@@ -160,6 +160,9 @@ class TrainerConfig:
     val_every: int = 0  # validate every N steps (0 = never; the run still validates at the end if val_size>0)
     tensorboard: bool = True  # also write TensorBoard events next to metrics.jsonl
     progress: bool = True  # show a progress bar
+    plan_check: bool = (
+        True  # GPU runs: refuse a config whose predicted peak memory exceeds a card (lite-verl plan)
+    )
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,189 @@
+"""`lite-verl plan`: predicted peak memory per GPU before anything loads, and which knob to turn.
+
+    lite-verl plan --preset 4090x1 --set model.path=DIR     (or --model-shape 7b for a Qwen2.5 shape)
+
+The model's shape comes from its config.json. Per GPU, the roles placed on it add up:
+* train: base weights (model.dtype bytes per parameter; qlora: NF4 = 0.5 byte + 1/64 for the block
+  scales of the quantized linear layers, embeddings and head stay in model.dtype), LoRA parameters with
+  their fp32 gradient and AdamW state (16 bytes per trainable parameter), activations of one micro-batch
+  (per layer 34 * tokens * hidden bytes in 16-bit, no attention matrix with SDPA/flash; with gradient
+  checkpointing 2 * tokens * hidden per layer plus one layer's full set) and the response logits in fp32
+  (logits, log-softmax and their gradient: 3 * response tokens * vocab * 4 bytes);
+* rollout (vLLM): rollout.gpu_memory_utilization of the card, its weights and KV cache included;
+  colocated, vLLM sleeps during the update, so the card's peak is max(trainer's static + vLLM,
+  trainer's static + activations) -- vLLM's weights are offloaded to the host while it sleeps;
+* runtime overhead: 0.5 GiB for the trainer process (CUDA context); vLLM's is inside its budget, which
+  must also hold its weights (bf16, or AWQ 4-bit) with room for a KV cache.
+A config fits when the peak is within 95% of the card.
+A prediction, not a measurement: the GPU issue checks it against measured peaks (target within 10%).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from lite_verl.config import Config
+
+GIB = 2**30
+CARD_GIB = {"RTX 4090": 24.0, "RTX 3090": 24.0, "A10": 24.0, "T4": 16.0, "L4": 24.0, "A100": 80.0,
+            "H100": 80.0, "H200": 141.0, "RTX 4080": 16.0, "RTX 3060": 12.0}  # fmt: skip
+OVERHEAD_GIB = 0.5
+USABLE = 0.95  # of a card's memory: allocator fragmentation and the driver's share take the rest
+BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+
+
+@dataclass(frozen=True)
+class Shape:
+    hidden: int
+    intermediate: int
+    layers: int
+    heads: int
+    kv_heads: int
+    vocab: int
+    tied: bool
+
+    @classmethod
+    def from_config(cls, config: dict) -> Shape:
+        return cls(config["hidden_size"], config["intermediate_size"], config["num_hidden_layers"],
+                   config["num_attention_heads"], config.get("num_key_value_heads", config["num_attention_heads"]),
+                   config["vocab_size"], bool(config.get("tie_word_embeddings", False)))  # fmt: skip
+
+    def linears(self) -> dict[str, tuple[int, int]]:
+        """(in, out) of each decoder linear layer kind."""
+        h, hd = self.hidden, self.hidden // self.heads
+        return {"q_proj": (h, self.heads * hd), "k_proj": (h, self.kv_heads * hd), "v_proj": (h, self.kv_heads * hd),
+                "o_proj": (self.heads * hd, h), "gate_proj": (h, self.intermediate), "up_proj": (h, self.intermediate),
+                "down_proj": (self.intermediate, h)}  # fmt: skip
+
+    def linear_params(self) -> int:
+        return self.layers * sum(i * o for i, o in self.linears().values())
+
+    def embedding_params(self) -> int:
+        return self.vocab * self.hidden * (1 if self.tied else 2)
+
+
+@dataclass(frozen=True)
+class GpuPlan:
+    gpu: int
+    model: str
+    card_gib: float
+    parts: dict[str, float]  # component -> GiB
+    peak_gib: float
+
+    vllm_weights_gib: float = 0.0
+    vllm_budget_gib: float = 0.0
+
+    @property
+    def fits(self) -> bool:
+        vllm_ok = self.vllm_weights_gib <= 0.9 * self.vllm_budget_gib if self.vllm_budget_gib else True
+        return self.peak_gib <= USABLE * self.card_gib and vllm_ok
+
+
+def train_parts(cfg: Config, shape: Shape) -> dict[str, float]:
+    t, r = cfg.train, cfg.rollout
+    b = BYTES[cfg.model.dtype]
+    if t.backend == "qlora":
+        weights = shape.linear_params() * (0.5 + 1 / 64) + shape.embedding_params() * b
+    else:
+        weights = (shape.linear_params() + shape.embedding_params()) * b
+    lora = shape.layers * sum(
+        t.lora_rank * (i + o) for k, (i, o) in shape.linears().items() if k in t.target_modules
+    )
+    tokens = t.micro_batch_size * (cfg.data.max_prompt_length + r.max_new_tokens)
+    act16 = 2 if b == 2 else 4  # activation bytes per element relative to 16-bit
+    per_layer_full = 34 * tokens * shape.hidden * act16 / 2
+    if t.gradient_checkpointing:
+        activations = shape.layers * 2 * tokens * shape.hidden * act16 / 2 + per_layer_full
+    else:
+        activations = shape.layers * per_layer_full
+    logits = 3 * t.micro_batch_size * r.max_new_tokens * shape.vocab * 4
+    return {"train weights": weights / GIB, "LoRA + grads + AdamW": lora * 16 / GIB,
+            "activations": activations / GIB, "response logits (fp32)": logits / GIB}  # fmt: skip
+
+
+def plan(cfg: Config, shape: Shape) -> list[GpuPlan]:
+    gpus = sorted(set(cfg.rollout.gpus) | set(cfg.train.gpus))
+    out = []
+    for g in gpus:
+        model = cfg.cost.gpu_models[g] if g < len(cfg.cost.gpu_models) else "?"
+        card = CARD_GIB.get(model, 24.0)
+        parts: dict[str, float] = {}
+        static = dynamic = 0.0
+        if g in cfg.train.gpus:
+            tp = train_parts(cfg, shape)
+            parts.update(tp)
+            static += tp["train weights"] + tp["LoRA + grads + AdamW"] + OVERHEAD_GIB
+            dynamic += tp["activations"] + tp["response logits (fp32)"]
+        vllm = served = 0.0
+        if g in cfg.rollout.gpus and cfg.rollout.engine == "vllm":
+            vllm = cfg.rollout.gpu_memory_utilization * card  # vLLM's own CUDA context is inside it
+            parts["vLLM (gpu_memory_utilization)"] = vllm
+            served = served_weights_gib(cfg, shape) / max(len(cfg.rollout.gpus), 1)
+        if g in cfg.train.gpus:
+            parts["runtime overhead"] = OVERHEAD_GIB
+        sleeps = cfg.rollout.colocate and g in cfg.rollout.gpus and g in cfg.train.gpus
+        peak = max(static + vllm, static + dynamic) if sleeps else static + vllm + dynamic
+        out.append(GpuPlan(g, model, card, parts, peak, served, vllm))
+    return out
+
+
+def served_weights_gib(cfg: Config, shape: Shape) -> float:
+    """What vLLM must hold inside its budget: bf16/fp16 weights, or AWQ (4 bits + fp16 group scales and
+    zeros for the linear layers; embeddings and head in fp16)."""
+    if cfg.rollout.quantization == "awq":
+        per = 0.5 + 2 * 2 / cfg.rollout.awq_group_size
+        return (shape.linear_params() * per + shape.embedding_params() * 2) / GIB
+    return (shape.linear_params() + shape.embedding_params()) * BYTES.get(cfg.model.dtype, 2) / GIB
+
+
+def knob(cfg: Config, p: GpuPlan) -> str:
+    """The first knob that addresses the biggest part."""
+    if p.vllm_budget_gib and p.vllm_weights_gib > 0.9 * p.vllm_budget_gib:
+        return (f"vLLM's weights ({p.vllm_weights_gib:.1f} GiB) leave no room in rollout.gpu_memory_utilization="
+                f"{cfg.rollout.gpu_memory_utilization}: raise it or use rollout.quantization=awq")  # fmt: skip
+    biggest = max(p.parts, key=lambda k: p.parts[k])
+    if biggest == "activations" and not cfg.train.gradient_checkpointing:
+        return "set train.gradient_checkpointing=true"
+    if biggest in ("activations", "response logits (fp32)") and cfg.train.micro_batch_size > 1:
+        return f"lower train.micro_batch_size (now {cfg.train.micro_batch_size}); the maths stays the same"
+    if biggest == "train weights" and cfg.train.backend == "lora":
+        return "use train.backend=qlora (a 4-bit base)"
+    if biggest.startswith("vLLM"):
+        return f"lower rollout.gpu_memory_utilization (now {cfg.rollout.gpu_memory_utilization})"
+    return "use a smaller model or more GPUs"
+
+
+def shape_of(model_dir: Path) -> Shape:
+    return Shape.from_config(json.loads((Path(model_dir) / "config.json").read_text()))
+
+
+def check_plan(cfg: Config, model_dir: Path) -> None:
+    """Before anything loads: a GPU config that cannot fit is a ConfigError naming the GPU and the knob."""
+    from lite_verl.errors import ConfigError
+
+    if not cfg.trainer.plan_check or not (cfg.rollout.gpus or cfg.train.gpus):
+        return
+    for p in plan(cfg, shape_of(model_dir)):
+        if not p.fits:
+            raise ConfigError(
+                f"GPU {p.gpu} ({p.model}, {p.card_gib:.0f} GiB) would need ~{p.peak_gib:.1f} GiB (lite-verl plan); "
+                f"{knob(cfg, p)}, or set trainer.plan_check=false to try anyway"
+            )
+
+
+def format_plan(cfg: Config, plans: list[GpuPlan]) -> str:
+    if not plans:
+        return "plan: no GPU in this config (CPU run): nothing to predict"
+    lines = []
+    for p in plans:
+        verdict = "fits" if p.fits else f"DOES NOT FIT: {knob(cfg, p)}"
+        lines.append(f"GPU {p.gpu} ({p.model}, {p.card_gib:.0f} GiB, {USABLE:.0%} usable): predicted peak "
+                     f"{p.peak_gib:.1f} GiB -- {verdict}")  # fmt: skip
+        if p.vllm_budget_gib:
+            lines.append(
+                f"    vLLM weights {p.vllm_weights_gib:.2f} GiB of its {p.vllm_budget_gib:.2f} GiB budget"
+            )
+        lines += [f"    {k:<32} {v:6.2f} GiB" for k, v in p.parts.items()]
+    return "\n".join(lines)

@@ -1,0 +1,83 @@
+"""lite-verl plan: predicted memory against numbers worked out by hand for known shapes."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from lite_verl.config import load_config
+from lite_verl.errors import ConfigError
+from lite_verl.plan import GIB, Shape, check_plan, plan, train_parts
+
+QWEN_1_5B = Shape(hidden=1536, intermediate=8960, layers=28, heads=12, kv_heads=2, vocab=151936, tied=True)
+QWEN_7B = Shape(hidden=3584, intermediate=18944, layers=28, heads=28, kv_heads=4, vocab=152064, tied=False)
+
+
+def test_qwen_1_5b_by_hand():
+    # per layer: q 1536^2 + k,v 1536*256 each + o 1536^2 + gate, up, down 1536*8960 each = 46,792,704
+    assert QWEN_1_5B.linear_params() == 28 * 46_792_704
+    assert QWEN_1_5B.linear_params() + QWEN_1_5B.embedding_params() == 1_543_569_408  # Qwen2.5-1.5B: 1.54B
+    cfg = load_config("4090x1")  # bf16, LoRA r=16 on all 7 linear kinds, micro-batch 8, checkpointing
+    parts = train_parts(cfg, QWEN_1_5B)
+    assert parts["train weights"] == pytest.approx(1_543_569_408 * 2 / GIB)  # 2.875 GiB (vLLM served 2.88)
+    # LoRA: r * (in + out) per layer = 16 * 41,216; fp32 param + grad + AdamW m, v = 16 bytes each
+    assert parts["LoRA + grads + AdamW"] == pytest.approx(28 * 16 * 41_216 * 16 / GIB)
+    tokens = 8 * (512 + 16)
+    assert parts["activations"] == pytest.approx((28 * 2 * tokens * 1536 + 34 * tokens * 1536) / GIB)
+    assert parts["response logits (fp32)"] == pytest.approx(3 * 8 * 16 * 151936 * 4 / GIB)
+    (gpu,) = plan(cfg, QWEN_1_5B)
+    static = parts["train weights"] + parts["LoRA + grads + AdamW"] + 0.5  # + the trainer's CUDA context
+    assert gpu.peak_gib == pytest.approx(
+        max(static + 0.35 * 24, static + parts["activations"] + parts["response logits (fp32)"])
+    )
+    assert gpu.fits
+
+
+def test_7b_lora_does_not_fit_a_4090_but_qlora_does():
+    cfg = load_config("4090x1")
+    (lora,) = plan(cfg, QWEN_7B)
+    assert not lora.fits and lora.parts["train weights"] > 14  # 7.6B params in bf16
+    (qlora,) = plan(load_config("4090x1", None, ["train.backend=qlora"]), QWEN_7B)
+    assert qlora.fits and qlora.parts["train weights"] < 6
+
+
+def test_split_placement_counts_each_card_once():
+    cfg = load_config("3090x2")  # rollout GPU 0, trainer GPU 1
+    rollout, train = plan(cfg, QWEN_1_5B)
+    assert "vLLM (gpu_memory_utilization)" in rollout.parts and "train weights" not in rollout.parts
+    assert "train weights" in train.parts and "vLLM (gpu_memory_utilization)" not in train.parts
+
+
+def test_train_refuses_a_config_that_cannot_fit(tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps({
+        "hidden_size": 3584, "intermediate_size": 18944, "num_hidden_layers": 28, "num_attention_heads": 28,
+        "num_key_value_heads": 4, "vocab_size": 152064, "tie_word_embeddings": False}))  # fmt: skip
+    with pytest.raises(ConfigError, match=r"GPU 0 \(RTX 4090, 24 GiB\) would need .*use train.backend=qlora"):
+        check_plan(load_config("4090x1"), tmp_path)
+    check_plan(load_config("4090x1", None, ["trainer.plan_check=false"]), tmp_path)  # the escape hatch
+
+
+def test_vllm_budget_must_hold_its_weights():
+    cfg = load_config("4090x1", None, ["rollout.quantization=none"])  # a bf16 7B cannot live in 8.4 GiB
+    (gpu,) = plan(cfg, QWEN_7B)
+    assert gpu.vllm_weights_gib > 14 and not gpu.fits
+    from lite_verl.plan import knob
+
+    assert "rollout.quantization=awq" in knob(cfg, gpu)
+    (awq,) = plan(load_config("4090x1", None, ["train.backend=qlora"]), QWEN_7B)  # the preset serves AWQ
+    assert awq.vllm_weights_gib < 6 and awq.fits
+
+
+def test_plan_command(capsys, tmp_path):
+    from lite_verl.cli import main
+
+    (tmp_path / "config.json").write_text(json.dumps({
+        "architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2", "hidden_size": 1536, "intermediate_size": 8960,
+        "num_hidden_layers": 28, "num_attention_heads": 12, "num_key_value_heads": 2, "vocab_size": 151936,
+        "tie_word_embeddings": True}))  # fmt: skip
+    assert main(["plan", "--preset", "4090x1", "--set", f"model.path={tmp_path}"]) == 0
+    out = capsys.readouterr().out
+    assert "GPU 0 (RTX 4090, 24 GiB, 95% usable): predicted peak" in out and "fits" in out
+    assert main(["plan", "--preset", "laptop"]) == 0
+    assert "no GPU" in capsys.readouterr().out
