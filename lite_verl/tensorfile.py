@@ -16,56 +16,111 @@ import torch
 _DTYPES = {torch.float32: "F32", torch.bfloat16: "BF16", torch.float16: "F16", torch.int32: "I32"}
 
 
-class FlatFileWriter:
-    """save_flat for a tensor set written again and again (an adapter after every update): the header
-    and the staging buffers (on the tensors' device and pinned on the host) are made once."""
+Layout = list[tuple[str, tuple[int, ...], int]]  # (name, shape, element offset) of each tensor
 
-    def __init__(self) -> None:
-        self._layout: tuple | None = None
-        self._header = b""
-        self._device_buf: torch.Tensor | None = None
-        self._host_buf: torch.Tensor | None = None
 
-    def write(self, tensors: dict[str, torch.Tensor], path: Path, dtype: torch.dtype | None = None) -> int:
+class FlatBuffer:
+    """Many tensors packed into one reused buffer of one dtype: one kernel to gather them, one copy to
+    the host. The buffers (on the tensors' device; on the host: pinned, or in shared memory so another
+    process maps it instead of receiving a copy) are made once and reused while the layout holds."""
+
+    def __init__(self, host: str = "pinned") -> None:
+        if host not in ("pinned", "shared", "none"):
+            raise ValueError(f"FlatBuffer: host must be pinned, shared or none, not {host!r}")
+        self.host = host
+        self.layout: Layout = []
+        self._key: tuple | None = None
+        self.device_buf: torch.Tensor | None = None
+        self.host_buf: torch.Tensor | None = None
+
+    def pack(self, tensors: dict[str, torch.Tensor], dtype: torch.dtype | None = None) -> torch.Tensor:
+        """-> the device buffer holding every tensor, cast to `dtype` (default: the first tensor's)."""
         names = list(tensors)
         dtype = dtype or tensors[names[0]].dtype
+        device = tensors[names[0]].device
+        key = (tuple((n, tuple(tensors[n].shape)) for n in names), dtype, device)
+        if key != self._key:
+            self._allocate(tensors, names, dtype, device)
+            self._key = key
+        assert self.device_buf is not None
+        torch.cat([tensors[n].detach().reshape(-1).to(dtype) for n in names], out=self.device_buf)
+        return self.device_buf
+
+    def to_host(self) -> torch.Tensor:
+        """The packed tensors on the host (the device buffer itself when that is the CPU)."""
+        assert self.device_buf is not None and self.host_buf is not None
+        if self.host_buf is not self.device_buf:
+            self.host_buf.copy_(self.device_buf)
+        return self.host_buf
+
+    def _allocate(self, tensors, names, dtype, device) -> None:
+        self.layout, offset = [], 0
+        for n in names:
+            self.layout.append((n, tuple(tensors[n].shape), offset))
+            offset += tensors[n].numel()
+        self.device_buf = torch.empty(offset, dtype=dtype, device=device)
+        if device.type == "cpu":
+            if self.host == "shared":
+                self.device_buf.share_memory_()
+            self.host_buf = self.device_buf
+        elif self.host == "pinned":
+            self.host_buf = torch.empty(offset, dtype=dtype, pin_memory=True)
+        else:
+            self.host_buf = torch.empty(offset, dtype=dtype)
+            if self.host == "shared":
+                self.host_buf.share_memory_()
+
+
+def unpack(flat: torch.Tensor, layout: Layout) -> dict[str, torch.Tensor]:
+    """Views of a FlatBuffer's tensors (no copy)."""
+    out = {}
+    for name, shape, offset in layout:
+        n = 1
+        for d in shape:
+            n *= d
+        out[name] = flat[offset : offset + n].view(shape)
+    return out
+
+
+class FlatFileWriter:
+    """save_flat for a tensor set written again and again (an adapter after every update): the header
+    and the staging buffers are made once."""
+
+    def __init__(self) -> None:
+        self._buffer = FlatBuffer("pinned")
+        self._layout: Layout | None = None
+        self._header = b""
+
+    def write(self, tensors: dict[str, torch.Tensor], path: Path, dtype: torch.dtype | None = None) -> int:
+        dtype = dtype or next(iter(tensors.values())).dtype
         if dtype not in _DTYPES:
             raise ValueError(f"save_flat: unsupported dtype {dtype}")
-        device = tensors[names[0]].device
-        layout = (tuple((n, tuple(tensors[n].shape)) for n in names), dtype, device)
-        if layout != self._layout:
-            self._prepare(tensors, names, dtype, device)
-            self._layout = layout
-        assert self._device_buf is not None and self._host_buf is not None
-        torch.cat([tensors[n].detach().reshape(-1).to(dtype) for n in names], out=self._device_buf)
-        if self._host_buf is not self._device_buf:
-            self._host_buf.copy_(self._device_buf)
+        self._buffer.pack(tensors, dtype)
+        if self._buffer.layout is not self._layout:
+            self._header = _header(self._buffer.layout, dtype)
+            self._layout = self._buffer.layout
+        host = self._buffer.to_host()
         with open(path, "wb") as f:
             f.write(self._header)
-            f.write(memoryview(self._host_buf.view(torch.uint8).numpy()))
-        return len(self._header) + self._host_buf.numel() * self._host_buf.element_size()
+            f.write(memoryview(host.view(torch.uint8).numpy()))
+        return len(self._header) + host.numel() * host.element_size()
 
-    def _prepare(self, tensors, names, dtype, device) -> None:
-        header: dict[str, object] = {}
-        offset = 0
-        size = torch.empty((), dtype=dtype).element_size()
-        for n in names:
-            nbytes = tensors[n].numel() * size
-            header[n] = {
-                "dtype": _DTYPES[dtype],
-                "shape": list(tensors[n].shape),
-                "data_offsets": [offset, offset + nbytes],
-            }
-            offset += nbytes
-        text = json.dumps(header, separators=(",", ":")).encode()
-        text += b" " * (-len(text) % 8)  # the data starts 8-byte aligned
-        self._header = struct.pack("<Q", len(text)) + text
-        total = sum(tensors[n].numel() for n in names)
-        self._device_buf = torch.empty(total, dtype=dtype, device=device)
-        if device.type == "cuda":
-            self._host_buf = torch.empty(total, dtype=dtype, pin_memory=True)
-        else:
-            self._host_buf = self._device_buf
+
+def _header(layout: Layout, dtype: torch.dtype) -> bytes:
+    size = torch.empty((), dtype=dtype).element_size()
+    header: dict[str, object] = {}
+    for name, shape, offset in layout:
+        n = 1
+        for d in shape:
+            n *= d
+        header[name] = {
+            "dtype": _DTYPES[dtype],
+            "shape": list(shape),
+            "data_offsets": [offset * size, (offset + n) * size],
+        }
+    text = json.dumps(header, separators=(",", ":")).encode()
+    text += b" " * (-len(text) % 8)  # the data starts 8-byte aligned
+    return struct.pack("<Q", len(text)) + text
 
 
 def save_flat(tensors: dict[str, torch.Tensor], path: Path, dtype: torch.dtype | None = None) -> int:

@@ -110,14 +110,43 @@ def test_merged_sync_of_some_targets_keeps_fused_siblings_and_biases(tmp_path, t
         session.engine.close()
 
 
-def test_adapter_versions_do_not_pile_up():
+@pytest.mark.parametrize("files", [False, True], ids=["memory", "files"])
+def test_adapter_versions_do_not_pile_up(files, monkeypatch):
+    """Adapter sync from memory (the default) writes nothing; with files only the newest version stays."""
+    if files:
+        monkeypatch.setenv("LITE_VERL_ADAPTER_FILES", "1")
     session = _session("sync.mode=adapter")
     try:
         for step in range(1, 6):
             session.engine.sync_weights(step)
         assert session.engine.version == 5
-        assert [p.name for p in session.engine.shm.iterdir()] == ["v5"]
+        assert session.engine.memory_lora is not files  # no silent fallback to files
+        assert [p.name for p in session.engine.shm.iterdir()] == ([] if not files else ["v5"])
         assert session.engine.stats()["lora"] == 5
+    finally:
+        session.engine.close()
+
+
+def test_adapter_from_memory_serves_what_the_file_would(monkeypatch):
+    """The same adapter loaded from memory and from a file gives vLLM the same log-probs."""
+    from lite_verl.rollout.base import SamplingSettings
+
+    session = _session("sync.mode=adapter", "train.lr=0.05")
+    try:
+        _train_one_step(session)  # the adapter is no longer zero
+        prompts = session.train_set.token_ids[:4]
+        fixed = session.engine.generate(prompts, SamplingSettings(n=2, max_new_tokens=8), seed=5)
+        seqs = [
+            fixed.prompt_ids[i][fixed.prompt_mask[i].bool()].tolist()
+            + fixed.response_ids[i][fixed.response_mask[i].bool()].tolist()
+            for i in range(fixed.response_ids.shape[0])
+        ]
+        assert session.engine.memory_lora
+        from_memory = session.engine.score(seqs)
+        session.engine.memory_lora = False
+        session.engine.sync_weights(2)
+        from_file = session.engine.score(seqs)
+        assert from_memory == from_file
     finally:
         session.engine.close()
 

