@@ -9,7 +9,8 @@ calibrated model; the recipe just holds no scale ops). Per size, colocated on on
 * rollout tokens/s, bf16 vs AWQ (256 prompts x 64 tokens, <= 256 new, T=1, enforce_eager), and the
   engine's weight memory (bytes of the served model's tensors) and the KV cache that fits in the same
   gpu_memory_utilization (0.4 of the H200);
-* AWQ rollout with a LoRA adapter loaded (sync.mode=adapter) vs merged-AWQ (sync.mode=merged);
+* like for like: bf16 merged vs AWQ merged (no LoRA kernels), bf16 + adapter vs AWQ + adapter, and
+  AWQ merged vs AWQ + adapter (on vLLM 0.26 merged AWQ serves the "awq" kernel, elsewhere awq_marlin);
 * merged-AWQ sync time: W + s*B@A -> scales -> int4 -> pack -> vLLM in-place reload (target 1.5B <= 1 s).
 """
 
@@ -98,6 +99,7 @@ def bench_size(size: str, root: Path, variants: list[str]) -> None:
     rows = []
     for label, extra in [
         ("bf16", ["sync.mode=merged"]),
+        ("bf16_adapter", ["sync.mode=adapter"]),
         ("awq_merged", ["sync.mode=merged", "rollout.quantization=awq", f"rollout.quantized_path={awq}"]),
         ("awq_adapter", ["sync.mode=adapter", "rollout.quantization=awq", f"rollout.quantized_path={awq}"]),
     ]:
@@ -130,9 +132,10 @@ def bench_size(size: str, root: Path, variants: list[str]) -> None:
             f"sync {sync_s * 1e3:.0f} ms",
             flush=True,
         )
-    base = rows[0][1]
-    for label, tps, _, _ in rows[1:]:
-        append("awq_rollout", model, f"{label} over bf16", "speedup", tps / base, "ratio", cmd)
+    tps = {label: t for label, t, _, _ in rows}
+    for a, b in [("awq_merged", "bf16"), ("awq_adapter", "bf16_adapter"), ("awq_merged", "awq_adapter")]:
+        if a in tps and b in tps:
+            append("awq_rollout", model, f"{a} over {b}", "speedup", tps[a] / tps[b], "ratio", cmd)
 
 
 def main() -> None:
@@ -142,7 +145,7 @@ def main() -> None:
         "--gap-model", type=Path, help="a real HF model dir: AWQ (calibrated) vs trainer log-prob gap"
     )
     ap.add_argument("--group", type=int, default=64)
-    ap.add_argument("--variants", default="bf16,awq_merged,awq_adapter")
+    ap.add_argument("--variants", default="bf16,bf16_adapter,awq_merged,awq_adapter")
     ap.add_argument("--modes", default="adapter,merged", help="sync modes for --gap-model")
     ap.add_argument("--root", default="/tmp/models")
     args = ap.parse_args()

@@ -114,3 +114,41 @@ def test_lora_factors_map_an_adapter_into_the_quantized_space(awq_model, tiny_di
     # norms precede q/k/v and gate/up; up_proj feeds down_proj: the factors exist where AWQ put them
     assert any(recipe.lora_factors(n)[0] is not None for n in recipe.quantized if n.endswith("q_proj"))
     assert any(recipe.lora_factors(n)[1] is not None for n in recipe.quantized if n.endswith("up_proj"))
+
+
+def test_copy_awq_in_place_fills_fused_shards():
+    """Merged AWQ on vLLM 0.26: q/k/v (HF names) land in their slices of the fused qkv_proj's packed
+    tensors (int4 x 8 per int32 along the output), o_proj is copied whole."""
+    from lite_verl.rollout.vllm_compat import copy_awq_in_place
+
+    def layer(sizes, group=32, inp=64):
+        m = torch.nn.Module()
+        out = sum(sizes)
+        m.output_sizes = sizes
+        m.qweight = torch.nn.Parameter(torch.zeros(inp, out // 8, dtype=torch.int32), requires_grad=False)
+        m.qzeros = torch.nn.Parameter(torch.zeros(inp // group, out // 8, dtype=torch.int32), requires_grad=False)
+        m.scales = torch.nn.Parameter(torch.zeros(inp // group, out, dtype=torch.float16), requires_grad=False)
+        m.bias = torch.nn.Parameter(torch.zeros(out), requires_grad=False)
+        return m
+
+    attn = torch.nn.Module()
+    attn.qkv_proj, attn.o_proj = layer([64, 16, 16]), layer([64])
+    model = torch.nn.Module()
+    model.packed_modules_mapping = {"qkv_proj": ["q_proj", "k_proj", "v_proj"]}
+    model.attn = attn
+    g = torch.Generator().manual_seed(0)
+    sent = {}
+    for leaf, out in [("q_proj", 64), ("k_proj", 16), ("v_proj", 16), ("o_proj", 64)]:
+        sent[leaf] = {
+            "qweight": torch.randint(-(2**31), 2**31 - 1, (64, out // 8), generator=g, dtype=torch.int32),
+            "qzeros": torch.randint(-(2**31), 2**31 - 1, (2, out // 8), generator=g, dtype=torch.int32),
+            "scales": torch.rand(2, out, generator=g).half(),
+            "bias": torch.rand(out, generator=g),
+        }
+    copy_awq_in_place(model, [(f"attn.{leaf}.{k}", t) for leaf, d in sent.items() for k, t in d.items()])
+    for k in ("qweight", "qzeros", "scales", "bias"):
+        fused = torch.cat([sent[leaf][k] for leaf in ("q_proj", "k_proj", "v_proj")], dim=-1)
+        assert torch.equal(getattr(attn.qkv_proj, k).data, fused)
+        assert torch.equal(getattr(attn.o_proj, k).data, sent["o_proj"][k])
+    with pytest.raises(KeyError, match="gate_proj"):
+        copy_awq_in_place(model, [("attn.gate_proj.qweight", torch.zeros(1))])

@@ -196,3 +196,31 @@ def _lora_from_memory(manager: Any, lora_id: int, tensors: dict[str, Any], confi
     build = manager._lora_model_cls.from_lora_tensors
     known = inspect.signature(build).parameters
     return build(**{k: v for k, v in wanted.items() if k in known})
+
+
+def copy_awq_in_place(model: Any, named_tensors: list[tuple[str, Any]]) -> None:
+    """Merged AWQ sync on a vLLM without the layer-wise reload (0.26), served with quantization="awq":
+    that kernel keeps the checkpoint's packed layout, so the re-quantized tensors (qweight, qzeros,
+    scales, HF names) are copied straight into the running layers' parameters, a fused layer's shard
+    (q/k/v in qkv_proj, gate/up in gate_up_proj) into its slice of the output dimension. One GPU (TP=1)."""
+    modules = dict(model.named_modules())
+    fused = getattr(model, "packed_modules_mapping", {}) or {}
+    for name, tensor in named_tensors:
+        module_name, attr = name.rsplit(".", 1)
+        parent, leaf = module_name.rsplit(".", 1)
+        target, shard = modules.get(module_name), None
+        if target is None:
+            for group, parts in fused.items():
+                if leaf in parts and f"{parent}.{group}" in modules:
+                    target, shard = modules[f"{parent}.{group}"], parts.index(leaf)
+                    break
+        if target is None or not hasattr(target, attr):
+            raise KeyError(f"copy_awq_in_place: no parameter for {name} in the served model")
+        param = getattr(target, attr)
+        if shard is None:
+            param.data.copy_(tensor)
+            continue
+        sizes = list(target.output_sizes)
+        pack = sum(sizes) // param.shape[-1]  # 8 for qweight/qzeros (int4 in int32), 1 for scales/bias
+        start, width = sum(sizes[:shard]) // pack, sizes[shard] // pack
+        param.data[..., start : start + width].copy_(tensor)

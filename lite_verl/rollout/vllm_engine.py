@@ -83,16 +83,21 @@ class VLLMRolloutEngine:
         )
         self.serving_dtype = "float32" if not r.gpus and cfg.model.dtype == "float16" else cfg.model.dtype
         self.recipe = None
+        self.awq_copy = False
         if r.quantization == "awq":
             from lite_verl.quant.awq import AWQRecipe
             from lite_verl.rollout.vllm_compat import can_reload_quantized
 
-            if self.mode == "merged" and not can_reload_quantized():
+            # merged AWQ on a vLLM that cannot re-run awq_marlin's repacking (0.26): serve the "awq" kernel,
+            # whose layout is the checkpoint's, and copy re-quantized tensors into place (one GPU only)
+            self.awq_copy = self.mode == "merged" and not can_reload_quantized()
+            if self.awq_copy and (len(r.gpus) != 1):
                 import vllm
 
                 raise UserError(
-                    f"sync.mode=merged with rollout.quantization=awq needs a vLLM that reloads quantized layers "
-                    f"in place (this is {vllm.__version__}); use sync.mode=adapter, or a newer vLLM"
+                    f"sync.mode=merged with rollout.quantization=awq needs one rollout GPU on vLLM "
+                    f"{vllm.__version__} (no in-place reload of quantized layers); use sync.mode=adapter, "
+                    f"rollout.gpus=[one id], or a newer vLLM"
                 )
             self.recipe = AWQRecipe.load(model_path)  # how trained weights map into the 4-bit model
             self.serving_dtype = "float16" if r.gpus else "bfloat16"  # AWQ kernels: fp16 (GPU), bf16 (CPU)
@@ -105,7 +110,7 @@ class VLLMRolloutEngine:
             enforce_eager=r.enforce_eager,
             sleep_mode=self.colocated and torch.cuda.is_available(),
             seed=cfg.trainer.seed,
-            quantization="awq_marlin" if r.quantization == "awq" and r.gpus else None,  # CPU: from config
+            quantization=_awq_kernel(r.quantization, bool(r.gpus), self.awq_copy),
             fp32_lm_head=cfg.model.fp32_lm_head and self.serving_dtype != "float32",
             tensor_parallel_size=max(len(r.gpus), 1),
         )
@@ -300,7 +305,7 @@ class VLLMRolloutEngine:
         convert = self._awq_linear if self.recipe else None
         for bucket in self.backend.merged_weight_buckets(bucket_bytes, self.serving_dtype, convert):
             payload = bucket if share_cuda else [(n, t.cpu()) for n, t in bucket]
-            self._call("load_weights", named_tensors=payload)
+            self._call("load_weights", named_tensors=payload, awq_copy=self.awq_copy)
             del bucket, payload
         self._call("weights_loaded")
         self.version += 1
@@ -348,6 +353,14 @@ def _split_cpu_cores() -> dict[str, str]:
     half = len(cores) // 2
     torch.set_num_threads(half)
     return {"VLLM_CPU_OMP_THREADS_BIND": ",".join(str(c) for c in cores[half:])}
+
+
+def _awq_kernel(quantization: str, gpu: bool, awq_copy: bool) -> str | None:
+    """vLLM's quantization argument: awq_marlin on a GPU (fastest), awq where merged sync copies packed
+    tensors into place (its layout is the checkpoint's), None on the CPU (from the model's config)."""
+    if quantization != "awq" or not gpu:
+        return None
+    return "awq" if awq_copy else "awq_marlin"
 
 
 def _lora_rank_slot(rank: int) -> int:

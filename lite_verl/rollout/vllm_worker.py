@@ -22,12 +22,15 @@ import torch.multiprocessing  # noqa: F401 - registers tensor sharing for the pi
 class LiteVerlWorkerExtension:
     """Mixed into vLLM's Worker (worker_extension_cls): in-place weight loading."""
 
-    def lite_verl_load_weights(self, named_tensors: list[tuple[str, Any]]) -> None:
-        from lite_verl.rollout.vllm_compat import reload_weights
+    def lite_verl_load_weights(self, named_tensors: list[tuple[str, Any]], awq_copy: bool = False) -> None:
+        from lite_verl.rollout.vllm_compat import copy_awq_in_place, reload_weights
 
         device = self.model_runner.device if hasattr(self.model_runner, "device") else None  # type: ignore[attr-defined]
         moved = [(n, t.to(device) if device is not None else t) for n, t in named_tensors]
-        reload_weights(self, moved)
+        if awq_copy:
+            copy_awq_in_place(self.model_runner.model, moved)  # type: ignore[attr-defined]
+        else:
+            reload_weights(self, moved)
 
     def lite_verl_stage_adapter(self, lora_id: int, flat: Any, layout: list, config: dict) -> None:
         """Hold an adapter's tensors (views of one flat buffer) for the next add_lora of lora_id."""
@@ -179,8 +182,8 @@ class _Server:
         finally:
             self.llm.collective_rpc("lite_verl_drop_adapter", args=(version,))
 
-    def load_weights(self, named_tensors: list[tuple[str, torch.Tensor]]) -> None:
-        self.llm.collective_rpc("lite_verl_load_weights", args=(named_tensors,))
+    def load_weights(self, named_tensors: list[tuple[str, torch.Tensor]], awq_copy: bool = False) -> None:
+        self.llm.collective_rpc("lite_verl_load_weights", args=(named_tensors, awq_copy))
 
     def weights_loaded(self) -> None:
         from lite_verl.rollout.vllm_compat import reset_prefix_cache
