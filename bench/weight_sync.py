@@ -62,8 +62,8 @@ def bench(size: str, root: Path) -> None:
                 p.normal_(0, 1e-3)
     engine = session.engine
     step = iter(range(1, 1000))
-    memory = engine.memory_lora
     adapter_s = _time(lambda: engine.sync_weights(next(step)), 9)
+    memory = engine.memory_lora  # after the syncs: False if the in-memory load failed and files took over
     parts = dict(engine.last_sync_parts)
     engine.memory_lora = False
     file_s = _time(lambda: engine.sync_weights(next(step)), 9)

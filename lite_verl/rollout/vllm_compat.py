@@ -185,8 +185,10 @@ def _lora_from_memory(manager: Any, lora_id: int, tensors: dict[str, Any], confi
     helper.validate_legal(manager.lora_config)
     model = manager._adapter_manager.model
     mapper = getattr(model, "hf_to_vllm_mapper", None)
-    if mapper is not None and hasattr(mapper, "get_rename_mapper"):
-        mapper = mapper.get_rename_mapper()
+    for unstacked in ("get_rename_mapper", "get_unstacked_mapper"):  # 0.32 / 0.26: renames only, no q/k/v
+        if mapper is not None and hasattr(mapper, unstacked):  # fusion (the LoRA manager packs those itself)
+            mapper = getattr(mapper, unstacked)()
+            break
     device = next(iter(tensors.values())).device
     wanted = dict(
         lora_model_id=lora_id, tensors=tensors, peft_helper=helper, device=str(device),
