@@ -47,6 +47,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--steps", type=int, default=30)
     ap.add_argument("--size", default="0.5b")
+    ap.add_argument("--batch", type=int, default=16, help="prompts per step (x8 samples)")
     ap.add_argument("--root", default="/tmp/models")
     ap.add_argument("--out", default="/tmp/lite-verl-split")
     args = ap.parse_args()
@@ -60,12 +61,12 @@ def main() -> None:
         if not (model / "config.json").is_file():
             make_tiny_model(model)
     rm = reward_model(Path(args.root) / "reward-random", model)
-    cmd = f"python bench/split_gpu.py --steps {args.steps} --size {args.size}"
+    cmd = f"python bench/split_gpu.py --steps {args.steps} --size {args.size} --batch {args.batch}"
     for staleness in (0, 1):
         sets = [
             f"model.path={model}", "rollout.quantization=none", "rollout.colocate=false",
             f"rollout.max_staleness={staleness}", "rollout.gpu_memory_utilization=0.3", "rollout.enforce_eager=true",
-            "rollout.max_new_tokens=128", "data.max_prompt_length=128", "trainer.batch_size=32", "rollout.n=8",
+            "rollout.max_new_tokens=128", "data.max_prompt_length=128", f"trainer.batch_size={args.batch}", "rollout.n=8",
             f"reward.model={rm}", f"reward.device={'cuda:0' if gpu else 'cpu'}", "reward.keep_alive_s=0", "train.lr=1e-5",
             *([] if gpu else ["rollout.engine=vllm", "trainer.batch_size=4", "rollout.max_new_tokens=8"]),
             f"trainer.total_steps={args.steps}", "trainer.progress=false", "data.val_size=0",
@@ -86,7 +87,7 @@ def main() -> None:
             figures[f"bill_{b['role']}_{b['device']}_busy_s"] = b["busy_s"]
         settings = (
             f"4090x1 preset split on one H200 (rollout.colocate=false: two processes, no sleep), "
-            f"rollout.max_staleness={staleness}, {args.steps} steps, batch 32x8, <=128 new tokens, LoRA r=16, "
+            f"rollout.max_staleness={staleness}, {args.steps} steps, batch {args.batch}x8, <=128 new tokens, LoRA r=16, "
             f"reward model (random 2-layer Qwen2 head) on cuda:0 with keep_alive_s=0"
         )
         for metric, value in figures.items() if gpu else ():
