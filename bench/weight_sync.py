@@ -6,7 +6,8 @@ Colocated on one GPU (the hybrid engine): the LoRA trainer (r=16 on all linear l
 and the vLLM worker. adapter = the LoRA tensors packed into one buffer and loaded as a new adapter
 version from memory (CUDA IPC; adapter_file_* rows: written to /dev/shm and loaded from there);
 merged = W + s*B@A for every adapted layer, moved in 512 MB buckets (CUDA IPC) into vLLM's
-reload_weights, prefix cache reset. Median of repeated syncs after a warm-up; GB/s = bytes moved / time.
+reload_weights, prefix cache reset. *_host_memory_* rows: the same through host memory, the path of a
+trainer on another GPU (the worker cannot map the trainer's CUDA memory then). Median of repeated syncs after a warm-up; GB/s = bytes moved / time.
 Targets (issue): adapter <= 50 ms; merged 1.5B <= 1 s.
 """
 
@@ -68,6 +69,9 @@ def bench(size: str, root: Path) -> None:
     engine.memory_lora = False
     file_s = _time(lambda: engine.sync_weights(next(step)), 9)
     file_parts = dict(engine.last_sync_parts)
+    engine.memory_lora, engine.same_gpus = memory, False  # as if on another GPU: through shared host memory
+    host_s = _time(lambda: engine.sync_weights(next(step)), 9)
+    engine.same_gpus = True
     state, _ = session.backend.adapter_state()
     adapter_bytes = sum(t.numel() for t in state.values()) * 2  # sent in bf16
     flat = torch.empty(adapter_bytes // 2, dtype=torch.bfloat16, device="cuda")
@@ -75,6 +79,8 @@ def bench(size: str, root: Path) -> None:
     engine.close()
     merged_engine = VLLMRolloutEngine(_config(path, "merged"), path, session.tokenizer, session.backend)
     merged_s = _time(lambda: merged_engine.sync_weights(0), 3)
+    merged_engine.same_gpus = False  # buckets through host memory instead of CUDA IPC
+    merged_host_s = _time(lambda: merged_engine.sync_weights(0), 3)
     buckets = session.backend.merged_weight_buckets(512 << 20, "bfloat16")
     merged_bytes = sum(t.numel() * t.element_size() for b in buckets for _, t in b)
     merged_engine.close()
@@ -88,6 +94,7 @@ def bench(size: str, root: Path) -> None:
         ("adapter_from_memory", float(memory), "bool"), ("adapter_copy_floor_s", floor_s, "s"),
         ("adapter_file_sync_s", file_s, "s"), ("adapter_file_export_s", file_parts["export_s"], "s"),
         ("adapter_file_vllm_load_s", file_parts["load_s"], "s"),
+        ("adapter_host_memory_sync_s", host_s, "s"), ("merged_host_memory_sync_s", merged_host_s, "s"),
         ("merged_sync_s", merged_s, "s"), ("merged_bytes", merged_bytes, "bytes"),
         ("merged_sync_GBps", merged_bytes / merged_s / 1e9, "GB/s"),
     ]:  # fmt: skip

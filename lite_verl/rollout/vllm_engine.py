@@ -272,8 +272,9 @@ class VLLMRolloutEngine:
         t0 = time.perf_counter()
         state, config = self.backend.adapter_state(self._awq_adapter if self.recipe else None)
         on_cuda = next(iter(state.values())).is_cuda
-        if self._adapter_buffer is None:
-            self._adapter_buffer = FlatBuffer("none" if on_cuda and self.same_gpus else "shared")
+        host = "none" if on_cuda and self.same_gpus else "shared"
+        if self._adapter_buffer is None or self._adapter_buffer.host != host:
+            self._adapter_buffer = FlatBuffer(host)
         buf = self._adapter_buffer
         flat = buf.pack(state, torch_dtype(self.serving_dtype))
         if not (on_cuda and self.same_gpus):
