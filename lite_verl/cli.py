@@ -7,6 +7,8 @@
     lite-verl make-tiny-model DIR                         # random-init model + locally trained tokenizer
     lite-verl prepare-gsm8k SRC.jsonl DST.jsonl           # GSM8K's jsonl -> verl's prompt schema
     lite-verl import-gguf FILE.gguf DIR                   # a GGUF file -> a Hugging Face model directory
+    lite-verl export-verl RUN_DIR [--nnodes 2 --gpus-per-node 8]   # the same run as a verl (Ray) launch
+    lite-verl k8s RUN_DIR --image REGISTRY/lite-verl:0.1 | kubectl apply -f -   # as a Kubernetes Job
 
 A mistake in the input prints one line naming the field and the fix, and exits with code 2.
 """
@@ -25,11 +27,12 @@ from lite_verl.errors import UserError
 EPILOG = "Docs: README.md. Config keys: `lite-verl validate --keys`. Presets: `lite-verl presets`."
 
 
-def _add_config_args(p: argparse.ArgumentParser) -> None:
+def _add_config_args(p: argparse.ArgumentParser, config_file: bool = True) -> None:
     p.add_argument(
         "--preset", help="hardware preset: a name in presets/ (e.g. laptop, 4090x1) or a YAML path"
     )
-    p.add_argument("--config", help="your YAML config; layered over the preset")
+    if config_file:
+        p.add_argument("--config", help="your YAML config; layered over the preset")
     p.add_argument(
         "--set",
         dest="sets",
@@ -140,7 +143,55 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("run", help="run directory")
     p.add_argument("out", help="output directory")
     p.add_argument("--format", default="hf", choices=["hf", "awq"])
+    _add_export_verl(sub)
+    _add_k8s(sub)
     return parser
+
+
+def _add_source_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "source",
+        nargs="?",
+        metavar="RUN_OR_CONFIG",
+        help="a run directory (its config.yaml) or a YAML config file; none: --preset alone",
+    )
+    _add_config_args(p, config_file=False)
+
+
+def _add_export_verl(sub) -> None:
+    p = sub.add_parser(
+        "export-verl",
+        help="write the same run as a verl launch (Ray, FSDP, vLLM) for more than one machine",
+        description="Write verl's launch of a run: run_verl.sh (Hydra overrides for verl.trainer.main_ppo), "
+        "train/val parquet in verl's schema, and UNSUPPORTED.md (what has no verl equivalent).",
+        epilog=EPILOG,
+    )
+    _add_source_args(p)
+    p.add_argument("--out", help="output directory (default RUN/verl, or verl-<config name>)")
+    p.add_argument("--nnodes", type=int, default=1, help="Ray nodes (default 1)")
+    p.add_argument("--gpus-per-node", type=int, help="GPUs per node (default: the GPUs the config uses)")
+    p.add_argument("--force", action="store_true", help="replace --out if it exists")
+
+
+def _add_k8s(sub) -> None:
+    p = sub.add_parser(
+        "k8s",
+        help="write a Kubernetes Job (+ ConfigMap) that runs the training and resumes on retry",
+        description="A batch/v1 Job: GPU limits, restartPolicy Never, backoffLimit, ttlSecondsAfterFinished, "
+        "volumes for models/data/runs; a retried pod resumes from the last checkpoint.",
+        epilog=EPILOG,
+    )
+    _add_source_args(p)
+    p.add_argument("--image", required=True, help="container image with lite-verl (see the Dockerfile)")
+    p.add_argument("--out", help="write the YAML here (default: stdout, for `| kubectl apply -f -`)")
+    p.add_argument("--name", help="Job name and run directory name (default from RUN_OR_CONFIG)")
+    p.add_argument("--namespace", default="default")
+    p.add_argument("--backoff-limit", type=int, default=3, help="pod retries before the Job fails")
+    p.add_argument("--ttl", type=int, default=86400, help="seconds to keep the finished Job (and its pods)")
+    p.add_argument("--shm-size", default="16Gi", help="size of /dev/shm (vLLM and the adapter sync use it)")
+    for vol in ("models", "data", "runs"):
+        p.add_argument(f"--{vol}-pvc", help=f"PersistentVolumeClaim for /{vol} (default lite-verl-{vol})")
+        p.add_argument(f"--{vol}-host-path", help=f"a directory on the node for /{vol}, instead of a PVC")
 
 
 def _version() -> str:
@@ -295,7 +346,65 @@ def cmd_export(args: argparse.Namespace) -> int:
     return 0
 
 
+def _load_source(args: argparse.Namespace):
+    """RUN_OR_CONFIG + --preset/--set -> (config, a name for it, the run directory or None)."""
+    from lite_verl.config import load_config
+
+    if args.source is None:
+        cfg = load_config(args.preset, None, args.sets)
+        return cfg, Path(cfg.preset).stem, None
+    path = Path(args.source)
+    if path.is_dir():
+        if not (path / "config.yaml").is_file():
+            raise UserError(
+                f"RUN_OR_CONFIG {path}: a directory without config.yaml; give a run directory made by "
+                "lite-verl train, or a YAML config file"
+            )
+        return load_config(args.preset, str(path / "config.yaml"), args.sets), path.absolute().name, path
+    if not path.exists():
+        raise UserError(
+            f"RUN_OR_CONFIG {str(path)!r} does not exist; give a run directory (with config.yaml) or a YAML "
+            "config file"
+        )
+    return load_config(args.preset, str(path), args.sets), path.stem, None
+
+
+def cmd_export_verl(args: argparse.Namespace) -> int:
+    from lite_verl.verl_export import default_layout
+    from lite_verl.verl_files import export_verl
+
+    cfg, name, run = _load_source(args)
+    out = Path(args.out) if args.out else (run / "verl" if run else Path(f"verl-{name}"))
+    done = export_verl(cfg, name, out, default_layout(cfg, args.nnodes, args.gpus_per_node), args.force)
+    print(
+        f"wrote verl's launch of '{name}' to {done.out}: run_verl.sh ({len(done.plan.overrides)} overrides), "
+        f"train.parquet ({done.n_train} prompts), val.parquet ({done.n_val})"
+    )
+    print("no verl equivalent (UNSUPPORTED.md):")
+    for note in done.plan.notes:
+        print(f"  - {note.setting}: {note.verl}")
+    return 0
+
+
+def cmd_k8s(args: argparse.Namespace) -> int:
+    from lite_verl.k8s import job_options, k8s_yaml
+    from lite_verl.rundir import atomic_write_text
+
+    cfg, name, _ = _load_source(args)
+    text = k8s_yaml(cfg, job_options(args, name))
+    if not args.out:
+        print(text, end="")
+        return 0
+    atomic_write_text(Path(args.out), text)
+    print(
+        f"wrote a Kubernetes Job to {args.out}; start it with: kubectl apply -f {args.out}", file=sys.stderr
+    )
+    return 0
+
+
 COMMANDS = {
+    "export-verl": cmd_export_verl,
+    "k8s": cmd_k8s,
     "quantize": cmd_quantize,
     "export": cmd_export,
     "report": cmd_report,
