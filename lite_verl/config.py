@@ -91,6 +91,8 @@ class TrainConfig:
         "down_proj",
     )  # LoRA targets
     gradient_checkpointing: bool = False  # trade compute for activation memory
+    offload_params: bool = False  # fsdp/deepspeed: weights (and the reference policy) in host memory; fsdp moves gradients and AdamW state with them
+    offload_optimizer: bool = False  # fsdp/deepspeed: AdamW state, fp32 masters and gradients in host memory (fsdp: together with offload_params)
 
 
 @dataclass(frozen=True)

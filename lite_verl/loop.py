@@ -109,8 +109,13 @@ def prepare(cfg: Config) -> Session:
     tokenizer = load_tokenizer(path, cfg.model.trust_remote_code)
     train_set, val_set = load_prompt_sets(cfg.data, tokenizer, cfg.trainer.seed)
     device = role_device(cfg.train.gpus)
-    base = load_model(path, cfg.model, device, nf4=cfg.train.backend == "qlora")
-    backend = LoraBackend(base, cfg.train, device, cfg.trainer.seed, cfg.model.fp32_lm_head)
+    if cfg.train.backend in ("fsdp", "deepspeed"):  # full fine-tuning (train/full.py)
+        from lite_verl.train.full import build_full_backend
+
+        backend = build_full_backend(cfg, path)
+    else:
+        base = load_model(path, cfg.model, device, nf4=cfg.train.backend == "qlora")
+        backend = LoraBackend(base, cfg.train, device, cfg.trainer.seed, cfg.model.fp32_lm_head)
     if cfg.algorithm.adv_estimator == "gae":
         backend.enable_critic(cfg.critic)
     if cfg.rollout.engine == "vllm":

@@ -9,6 +9,13 @@ The model's shape comes from its config.json. Per GPU, the roles placed on it ad
   (per layer 34 * tokens * hidden bytes in 16-bit, no attention matrix with SDPA/flash; with gradient
   checkpointing 2 * tokens * hidden per layer plus one layer's full set) and the response logits in fp32
   (logits, log-softmax and their gradient: 3 * response tokens * vocab * 4 bytes);
+* train, full fine-tuning (train/full.py), sharded over W = len(train.gpus) ranks: fsdp keeps fp32 master
+  weights (4 bytes per parameter / W) and fp32 gradients + AdamW m, v (12 / W), all in host memory with
+  train.offload_params (FSDP2 offloads them together); deepspeed keeps model.dtype weights (b / W; host
+  with offload_params) and fp32 masters + gradients + m, v (16 / W; host with offload_optimizer). Both
+  gather the root (embeddings, head) and about two decoder layers in model.dtype during a forward. The
+  reference policy of the KL (only when a KL is on) is a frozen model.dtype copy (b / W), in host memory
+  with offload_params. Host memory itself is not checked;
 * rollout (vLLM): rollout.gpu_memory_utilization of the card, its weights and KV cache included;
   colocated, vLLM sleeps during the update, so the card's peak is max(trainer's static + vLLM,
   trainer's static + activations) -- vLLM's weights are offloaded to the host while it sleeps;
@@ -63,6 +70,10 @@ class Shape:
     def embedding_params(self) -> int:
         return self.vocab * self.hidden * (1 if self.tied else 2)
 
+    def params(self) -> int:
+        """Linear layers and embeddings (norms are too small to count)."""
+        return self.linear_params() + self.embedding_params()
+
 
 @dataclass(frozen=True)
 class GpuPlan:
@@ -81,6 +92,27 @@ class GpuPlan:
         return self.peak_gib <= USABLE * self.card_gib and vllm_ok
 
 
+DYNAMIC = ("activations", "response logits (fp32)")  # parts of the update alone; the rest stays
+FULL_STATIC = ("train weights", "grads + AdamW", "reference policy")  # full fine-tuning's other parts
+
+
+def full_parts(cfg: Config, shape: Shape) -> dict[str, float]:
+    """Weights, gradients + AdamW and the reference of train.backend=fsdp|deepspeed, per train GPU."""
+    t, a = cfg.train, cfg.algorithm
+    b, p, world = BYTES[cfg.model.dtype], shape.params(), max(len(t.gpus), 1)
+    if t.backend == "fsdp":
+        weights = 0 if t.offload_params else 4 * p / world
+        state = 0 if t.offload_params else 12 * p / world
+    else:
+        weights = 0 if t.offload_params else b * p / world
+        state = 0 if t.offload_optimizer else 16 * p / world
+    gathered = (shape.embedding_params() + 2 * shape.linear_params() / shape.layers) * b
+    kl = a.use_kl_loss or a.use_kl_in_reward
+    reference = b * p / world if kl and not t.offload_params else 0
+    return {"train weights": (weights + gathered) / GIB, "grads + AdamW": state / GIB,
+            "reference policy": reference / GIB}  # fmt: skip
+
+
 def train_parts(cfg: Config, shape: Shape) -> dict[str, float]:
     t, r = cfg.train, cfg.rollout
     b = BYTES[cfg.model.dtype]
@@ -91,6 +123,9 @@ def train_parts(cfg: Config, shape: Shape) -> dict[str, float]:
     lora = shape.layers * sum(
         t.lora_rank * (i + o) for k, (i, o) in shape.linears().items() if k in t.target_modules
     )
+    static = {"train weights": weights / GIB, "LoRA + grads + AdamW": lora * 16 / GIB}
+    if t.backend in ("fsdp", "deepspeed"):
+        static = full_parts(cfg, shape)
     tokens = t.micro_batch_size * (cfg.data.max_prompt_length + r.max_new_tokens)
     act16 = 2 if b == 2 else 4  # activation bytes per element relative to 16-bit
     per_layer_full = 34 * tokens * shape.hidden * act16 / 2
@@ -99,8 +134,7 @@ def train_parts(cfg: Config, shape: Shape) -> dict[str, float]:
     else:
         activations = shape.layers * per_layer_full
     logits = 3 * t.micro_batch_size * r.max_new_tokens * shape.vocab * 4
-    return {"train weights": weights / GIB, "LoRA + grads + AdamW": lora * 16 / GIB,
-            "activations": activations / GIB, "response logits (fp32)": logits / GIB}  # fmt: skip
+    return {**static, "activations": activations / GIB, "response logits (fp32)": logits / GIB}
 
 
 def plan(cfg: Config, shape: Shape) -> list[GpuPlan]:
@@ -114,8 +148,8 @@ def plan(cfg: Config, shape: Shape) -> list[GpuPlan]:
         if g in cfg.train.gpus:
             tp = train_parts(cfg, shape)
             parts.update(tp)
-            static += tp["train weights"] + tp["LoRA + grads + AdamW"] + OVERHEAD_GIB
-            dynamic += tp["activations"] + tp["response logits (fp32)"]
+            static += sum(v for k, v in tp.items() if k not in DYNAMIC) + OVERHEAD_GIB
+            dynamic += sum(tp[k] for k in DYNAMIC)
         vllm = served = 0.0
         if g in cfg.rollout.gpus and cfg.rollout.engine == "vllm":
             vllm = cfg.rollout.gpu_memory_utilization * card  # vLLM's own CUDA context is inside it
@@ -150,9 +184,24 @@ def knob(cfg: Config, p: GpuPlan) -> str:
         return f"lower train.micro_batch_size (now {cfg.train.micro_batch_size}); the maths stays the same"
     if biggest == "train weights" and cfg.train.backend == "lora":
         return "use train.backend=qlora (a 4-bit base)"
+    if cfg.train.backend in ("fsdp", "deepspeed") and biggest in FULL_STATIC:
+        return _offload_knob(cfg, biggest)
     if biggest.startswith("vLLM"):
         return f"lower rollout.gpu_memory_utilization (now {cfg.rollout.gpu_memory_utilization})"
     return "use a smaller model or more GPUs"
+
+
+def _offload_knob(cfg: Config, biggest: str) -> str:
+    """Full fine-tuning: the offload that moves the biggest part into host memory, if one is left."""
+    t = cfg.train
+    if t.backend == "fsdp" and not t.offload_params:
+        return "set train.offload_params=true and train.offload_optimizer=true (FSDP2 offloads them together)"
+    if t.backend == "deepspeed":
+        if biggest == "grads + AdamW" and not t.offload_optimizer:
+            return "set train.offload_optimizer=true"
+        if not t.offload_params:
+            return "set train.offload_params=true"
+    return "use train.backend=lora or qlora (only an adapter trains)"
 
 
 def shape_of(model_dir: Path) -> Shape:

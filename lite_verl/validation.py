@@ -15,6 +15,7 @@ from lite_verl.errors import ConfigError, MissingDependency
 DTYPES = ("float32", "bfloat16", "float16")
 ENGINES = ("hf", "vllm")
 BACKENDS = ("lora", "qlora", "fsdp", "deepspeed")
+FULL_BACKENDS = ("fsdp", "deepspeed")  # full fine-tuning (train/full.py)
 ADV_ESTIMATORS = (
     "gae",
     "grpo",
@@ -33,10 +34,7 @@ QUANTIZATIONS = ("none", "awq")
 
 # Parts of the design that have their own issue and are not built yet. A preset may name them: it then
 # fails validation with this message instead of crashing later.
-NOT_BUILT = {
-    ("train.backend", "fsdp"): "the FSDP2 offload backend is not built yet (the big-models issue)",
-    ("train.backend", "deepspeed"): "the DeepSpeed ZeRO-3 backend is not built yet (the big-models issue)",
-}
+NOT_BUILT: dict[tuple[str, str], str] = {}
 BUILT_ALTERNATIVE = {
     "rollout.engine": "hf",
     "rollout.quantization": "none",
@@ -71,6 +69,7 @@ def validate_config(cfg: Config) -> None:
     _check_rollout_train(cfg)
     _check_algorithm(cfg)
     _check_reward_trainer(cfg)
+    _check_full_finetuning(cfg)
     _check_placement(cfg)
     _check_cost(cfg)
     _check_not_built(cfg)
@@ -214,6 +213,47 @@ def _check_reward_trainer(cfg: Config) -> None:
     _positive("trainer.save_every", tr.save_every, allow_zero=True)
     _positive("trainer.keep_checkpoints", tr.keep_checkpoints)
     _positive("trainer.val_every", tr.val_every, allow_zero=True)
+
+
+def _check_full_finetuning(cfg: Config) -> None:
+    """train.backend=fsdp|deepspeed (train/full.py) and its offload knobs."""
+    t = cfg.train
+    if t.backend not in FULL_BACKENDS:
+        for key, on in (
+            ("train.offload_params", t.offload_params),
+            ("train.offload_optimizer", t.offload_optimizer),
+        ):
+            if on:
+                raise ConfigError(
+                    f"{key}=true applies to full fine-tuning (train.backend=fsdp or deepspeed); "
+                    f"train.backend={t.backend} does not offload: set {key}=false"
+                )
+        return
+    if cfg.sync.mode == "adapter":
+        raise ConfigError(
+            f"sync.mode=adapter: train.backend={t.backend} trains every weight and has no adapter to push; "
+            "set sync.mode=merged"
+        )
+    if len(t.gpus) > 1:
+        raise ConfigError(
+            f"train.gpus {list(t.gpus)}: train.backend={t.backend} runs as one process in lite-verl 0.1 "
+            "(the one-process-per-GPU launcher is not built); give one train GPU"
+        )
+    if t.backend == "fsdp" and t.offload_params != t.offload_optimizer:
+        raise ConfigError(
+            "train.offload_params and train.offload_optimizer differ: FSDP2 offloads weights, gradients and "
+            "AdamW state together; set both to true (or both to false) with train.backend=fsdp"
+        )
+    if t.backend == "fsdp" and cfg.model.dtype == "float16":
+        raise ConfigError(
+            "model.dtype=float16 with train.backend=fsdp: FSDP2 has no loss scaling; "
+            "use model.dtype=bfloat16 (or train.backend=deepspeed)"
+        )
+    if cfg.rollout.quantization == "awq":
+        raise ConfigError(
+            f"rollout.quantization=awq with train.backend={t.backend}: the AWQ model folds its scales into the "
+            "norm weights, which full fine-tuning changes too; use rollout.quantization=none"
+        )
 
 
 def _check_placement(cfg: Config) -> None:

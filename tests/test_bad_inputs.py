@@ -81,7 +81,7 @@ CASES: dict[str, tuple[list[str], str]] = {
                         "this machine has no CUDA GPU"),
     "impossible placement": (["--config", "overlap.yaml"], "overlaps train.gpus"),
     "hf split placement": (["--set", "train.gpus=[0]"], "must equal train.gpus"),
-    "backend not built": (["--set", "train.backend=fsdp"], "FSDP2 offload backend is not built yet"),
+    "full FT adapter sync": (["--set", "train.backend=fsdp"], "train.backend=fsdp trains every weight and has no adapter"),
     "reward model missing": (["--set", "reward.model=/no/rm"], "reward.model='/no/rm' does not exist"),
     "reward url scheme": (["--set", "reward.url=ftp://x"], "reward.url='ftp://x' must start with http://"),
     "stale needs vllm": (["--set", "rollout.max_staleness=1"], "rollout.max_staleness=1 needs rollout.engine=vllm"),

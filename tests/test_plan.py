@@ -81,3 +81,45 @@ def test_plan_command(capsys, tmp_path):
     assert "GPU 0 (RTX 4090, 24 GiB, 95% usable): predicted peak" in out and "fits" in out
     assert main(["plan", "--preset", "laptop"]) == 0
     assert "no GPU" in capsys.readouterr().out
+
+
+def test_full_fine_tuning_by_hand_and_its_offload_knobs():
+    """fsdp: fp32 masters 4 B/param + fp32 grads and AdamW m, v 12 B/param (all to the host with
+    offload), deepspeed: bf16 weights 2 B + fp32 masters, grads, m, v 16 B; both gather the root (tied
+    embeddings) and two decoder layers in bf16; the KL's frozen reference is a bf16 copy."""
+    from lite_verl.plan import knob
+
+    base = ["sync.mode=merged", "rollout.quantization=none"]
+    p = 1_543_569_408
+    gathered = (151936 * 1536 + 2 * 46_792_704) * 2
+    fsdp = load_config("4090x1", None, [*base, "train.backend=fsdp"])
+    parts = train_parts(fsdp, QWEN_1_5B)
+    assert parts["train weights"] == pytest.approx((4 * p + gathered) / GIB)
+    assert parts["grads + AdamW"] == pytest.approx(12 * p / GIB)
+    assert parts["reference policy"] == pytest.approx(2 * p / GIB)  # use_kl_loss is on by default
+    (gpu,) = plan(fsdp, QWEN_1_5B)
+    static = parts["train weights"] + parts["grads + AdamW"] + parts["reference policy"] + 0.5
+    assert gpu.peak_gib == pytest.approx(
+        max(static + 0.35 * 24, static + parts["activations"] + parts["response logits (fp32)"])
+    )
+    assert not gpu.fits and "train.offload_params=true and train.offload_optimizer=true" in knob(fsdp, gpu)
+    off = load_config(
+        "4090x1",
+        None,
+        [*base, "train.backend=fsdp", "train.offload_params=true", "train.offload_optimizer=true"],
+    )
+    parts = train_parts(off, QWEN_1_5B)
+    assert parts["train weights"] == pytest.approx(gathered / GIB)
+    assert parts["grads + AdamW"] == 0 and parts["reference policy"] == 0
+    assert plan(off, QWEN_1_5B)[0].fits
+    ds = load_config("4090x1", None, [*base, "train.backend=deepspeed"])
+    parts = train_parts(ds, QWEN_1_5B)
+    assert parts["train weights"] == pytest.approx((2 * p + gathered) / GIB)
+    assert parts["grads + AdamW"] == pytest.approx(16 * p / GIB)
+    (gpu,) = plan(ds, QWEN_1_5B)
+    assert not gpu.fits and knob(ds, gpu) == "set train.offload_optimizer=true"
+    ds_off = load_config("4090x1", None, [*base, "train.backend=deepspeed", "train.offload_optimizer=true",
+                                          "algorithm.use_kl_loss=false"])  # fmt: skip
+    parts = train_parts(ds_off, QWEN_1_5B)
+    assert parts["grads + AdamW"] == 0 and parts["reference policy"] == 0  # no KL: no reference at all
+    assert plan(ds_off, QWEN_1_5B)[0].fits

@@ -1,0 +1,146 @@
+"""train.backend=deepspeed: the ZeRO-3 sharding of train/full.py (deepspeed.initialize), with optional CPU
+offload of the weights (train.offload_params) and of the optimizer (train.offload_optimizer).
+
+DeepSpeed is imported only here: pip install 'lite-verl[deepspeed]'. Without a GPU it runs on its CPU
+accelerator (gloo), compiling two small C++ ops the first time it runs (a C++ compiler is needed; they are
+cached under ~/.cache/torch_extensions): a shared-memory collective, and with offload_optimizer its CPU
+Adam. Micro-batching stays lite-verl's (update.py): DeepSpeed sees one micro-batch per sample and one
+accumulation step; gradients of several backward() calls add up until step(), which is the boundary.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+import os
+import warnings
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from lite_verl.config import Config
+from lite_verl.errors import ConfigError, MissingDependency
+
+TAG = "state"  # DeepSpeed's checkpoint tag inside RUN/checkpoints/step_N/deepspeed/
+
+
+def require_deepspeed(on_gpu: bool):
+    if importlib.util.find_spec("deepspeed") is None:
+        raise MissingDependency("deepspeed", "deepspeed", "train.backend=deepspeed")
+    # deepspeed.initialize insists on LOCAL_RANK, which a launcher sets; one process is local rank 0
+    # (also vLLM's default, so rollout workers inheriting it see no change)
+    os.environ.setdefault("LOCAL_RANK", "0")
+    # name the accelerator rather than have DeepSpeed guess it and warn
+    os.environ.setdefault("DS_ACCELERATOR", "cuda" if on_gpu else "cpu")
+    # torch deprecated collectives DeepSpeed still calls, warned at every step: nothing a user can act on
+    warnings.filterwarnings("ignore", r"`torch\.distributed\.\w+` is deprecated", FutureWarning)
+    import deepspeed
+
+    deepspeed.utils.logger.setLevel(logging.WARNING)
+    return deepspeed
+
+
+def deepspeed_config(cfg: Config, optimizer: bool = True) -> dict[str, Any]:
+    """The DeepSpeed config for lite-verl's settings. optimizer=False: a frozen model (the reference)."""
+    t = cfg.train
+    pin = bool(t.gpus)  # pinned host memory only helps (and only exists) with a GPU
+    zero: dict[str, Any] = {"stage": 3}
+    if t.offload_params:
+        zero["offload_param"] = {"device": "cpu", "pin_memory": pin}
+    if optimizer and t.offload_optimizer:
+        zero["offload_optimizer"] = {"device": "cpu", "pin_memory": pin}
+    ds: dict[str, Any] = {
+        "train_micro_batch_size_per_gpu": 1,  # batches are split by update.py; DeepSpeed only counts
+        "gradient_accumulation_steps": 1,
+        "zero_optimization": zero,
+        "bf16": {"enabled": cfg.model.dtype == "bfloat16"},  # fp32 masters live in the optimizer
+        "fp16": {"enabled": cfg.model.dtype == "float16"},  # with DeepSpeed's dynamic loss scaling
+        "steps_per_print": 2**31 - 1,
+        "wall_clock_breakdown": False,
+    }
+    if optimizer:
+        ds["gradient_clipping"] = t.grad_clip if t.grad_clip > 0 else 0.0
+        # torch's AdamW on the device; DeepSpeed's CPU Adam (the same update) when the optimizer is offloaded
+        ds["optimizer"] = {"type": "AdamW", "params": {"lr": t.lr, "weight_decay": t.weight_decay,
+                           "betas": [0.9, 0.999], "eps": 1e-8, "torch_adam": not t.offload_optimizer}}  # fmt: skip
+    return ds
+
+
+class ZeroSharding:
+    """ZeRO-3: weights, gradients and optimizer state partitioned over the ranks by a DeepSpeed engine."""
+
+    def __init__(self, model: torch.nn.Module, cfg: Config, device: torch.device, model_dir: Path) -> None:
+        import torch.distributed as dist
+
+        deepspeed = require_deepspeed(device.type == "cuda")
+        params = [p for p in model.parameters() if p.requires_grad]
+        self.engine, *_ = deepspeed.initialize(
+            model=model, model_parameters=params, config=deepspeed_config(cfg)
+        )
+        self.model = self.engine.module
+        self.forward_module = self.engine  # its forward keeps DeepSpeed's micro-step bookkeeping
+        self.model_dir = model_dir
+        self.rank = dist.get_rank()
+
+    def backward(self, loss: torch.Tensor) -> None:
+        self.engine.backward(loss)
+
+    def step(self, max_norm: float) -> float:
+        """The optimizer step (clipping at train.grad_clip is in the engine's config); the pre-clip norm."""
+        self.engine.step()
+        norm = self.engine.get_global_grad_norm()
+        return float(norm) if norm is not None else float("nan")
+
+    def zero_grad(self) -> None:
+        self.engine.zero_grad()
+
+    def settle(self) -> None:
+        pass  # ZeRO-3 partitions weights again after every forward
+
+    @contextmanager
+    def gathered(self, module: torch.nn.Module):
+        """Copies of the module's own weights, gathered whole (they are partitioned again after)."""
+        import deepspeed
+
+        params = dict(module.named_parameters(recurse=False))
+        with deepspeed.zero.GatheredParameters(list(params.values())):
+            full = {n: p.data.detach().clone() for n, p in params.items()}
+        yield full
+
+    def local_bytes(self) -> int:
+        return sum(p.ds_tensor.numel() * p.ds_tensor.element_size() for p in self.model.parameters())
+
+    def save(self, directory: Path) -> None:
+        """DeepSpeed's own checkpoint (partitioned weights, fp32 masters, optimizer state), plus the full
+        weights as a HF model directory (model/) for export."""
+        from lite_verl.train.full import gathered_modules, save_weights
+
+        self.engine.save_checkpoint(str(directory / "deepspeed"), tag=TAG)
+        weights = {}
+        for name, _, full in gathered_modules(self):
+            weights.update({f"{name}.{n}" if name else n: t.cpu() for n, t in full.items()})
+        if self.rank == 0:
+            save_weights(weights, directory / "model", self.model_dir)
+
+    def load(self, directory: Path) -> None:
+        if not (directory / "deepspeed" / TAG).is_dir():
+            raise ConfigError(
+                f"checkpoint {directory} holds no DeepSpeed state (deepspeed/{TAG}): it was not written by "
+                "train.backend=deepspeed; resume it with the backend it was trained with"
+            )
+        self.engine.load_checkpoint(str(directory / "deepspeed"), tag=TAG, load_lr_scheduler_states=False)
+
+
+def zero_reference(cfg: Config, model_dir: Path):
+    """The frozen initial policy in model.dtype, partitioned by ZeRO-3 (in host memory with
+    offload_params); returns the engine, which the reference forward calls."""
+    from lite_verl.train.full import load_full_model
+
+    deepspeed = require_deepspeed(bool(cfg.train.gpus))
+    model = load_full_model(cfg, model_dir, cfg.model.dtype)
+    model.requires_grad_(False)
+    model.eval()
+    engine, *_ = deepspeed.initialize(model=model, config=deepspeed_config(cfg, optimizer=False))
+    return engine
