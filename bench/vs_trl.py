@@ -1,12 +1,19 @@
 """Benchmark: GRPO end to end, lite-verl vs TRL's GRPOTrainer, same model, prompts and settings.
 
     python bench/vs_trl.py [--steps 20] [--model tiny:qwen2]        # CPU: both generate with HF
+    python bench/vs_trl.py --gpu [--steps 10] [--size 1.5b]          # GPU: both generate with vLLM (colocated)
 
-Settings shared by both: the built-in echo task's prompts (same chat template), 16 prompts x 8 samples
-per step, <= 16 new tokens, temperature 1, LoRA r=16 alpha 32 on all linear layers, lr 3e-3, one
-optimizer step per batch, no KL term (TRL beta=0, lite-verl use_kl_loss=false), fp32 on the CPU.
+Settings shared by both: the built-in echo task's prompts (same chat template), one optimizer step per
+batch, temperature 1, LoRA r=16 alpha 32 on all linear layers, no KL term (TRL beta=0, lite-verl
+use_kl_loss=false). CPU: tiny model, 16 prompts x 8 samples, <= 16 new tokens, lr 3e-3, fp32, HF
+generate on both sides. GPU (--gpu): a Qwen2.5-{size}-shaped random model, 32 prompts x 8, <= 256 new
+tokens, lr 1e-5, bf16, gradient checkpointing; lite-verl's 4090x1 layout without AWQ (vLLM colocated,
+sleeping during updates, adapter sync) vs TRL's vLLM colocate mode (TRL's defaults: no sleep, weights
+merged and loaded into vLLM each step), micro-batches of 8 (lite-verl) and 32 (TRL: per-device batch,
+8 accumulation steps = one optimizer step per generation batch).
 Throughput = (generated tokens + tokens through the update's forward/backward) / wall seconds of the
-training loop (model loading excluded). Also: the echo reward of the last 10% of steps.
+training loop (model loading excluded). Also: the echo reward of the last 10% of steps, and on a GPU the
+peak memory used on the device (nvidia-smi, both lite-verl processes together).
 """
 
 from __future__ import annotations
@@ -22,22 +29,53 @@ from results import REPORT, append, render  # noqa: E402
 from train_run import train_run  # noqa: E402
 
 PROMPTS, N, NEW_TOKENS, LR, RANK = 16, 8, 16, 3e-3, 16
+GPU = {"PROMPTS": 32, "NEW_TOKENS": 256, "LR": 1e-5}  # --gpu
 
 
-def lite_verl(model: str, steps: int) -> dict[str, float]:
+class PeakGpuMemory:
+    """Device-wide peak memory used (MiB), sampled by nvidia-smi every 100 ms while the block runs."""
+
+    def __enter__(self):
+        import subprocess
+
+        self.proc = subprocess.Popen(
+            ["nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader,nounits", "-lms", "100", "-i", "0"],
+            stdout=subprocess.PIPE, text=True,
+        )  # fmt: skip
+        return self
+
+    def __exit__(self, *exc):
+        self.proc.terminate()
+        out, _ = self.proc.communicate(timeout=10)
+        self.peak_gib = max((float(x) for x in out.split() if x.strip()), default=0.0) / 1024
+
+
+def lite_verl(model: str, steps: int, gpu: bool) -> dict[str, float]:
     sets = [f"model.path={model}", f"trainer.total_steps={steps}", f"trainer.batch_size={PROMPTS}", f"rollout.n={N}",
             f"rollout.max_new_tokens={NEW_TOKENS}", f"train.lr={LR}", f"train.lora_rank={RANK}", "train.lora_alpha=32",
             "algorithm.use_kl_loss=false", "data.val_size=0", "trainer.progress=false", "data.task=echo"]  # fmt: skip
-    train, _, summary, _ = train_run("laptop", Path("/tmp/lite-verl-vs-trl"), sets)
+    if gpu:
+        sets += [
+            "rollout.quantization=none",
+            "rollout.gpu_memory_utilization=0.3",
+            "data.max_prompt_length=128",
+        ]
+        with PeakGpuMemory() as mem:
+            train, _, summary, _ = train_run("4090x1", Path("/tmp/lite-verl-vs-trl"), sets)
+    else:
+        train, _, summary, _ = train_run("laptop", Path("/tmp/lite-verl-vs-trl"), sets)
     gen = sum(r["perf/gen_tokens_per_s"] * r["timing/rollout_s"] for r in train)
     trained = sum(r["perf/tokens_per_s"] * r["timing/step_s"] for r in train)
     wall = sum(r["timing/step_s"] for r in train)
     k = max(len(train) // 10, 1)
-    return {"tokens_per_s": (gen + trained) / wall, "step_s": statistics.median(r["timing/step_s"] for r in train),
-            "reward_last_10pct": statistics.mean(r["reward/mean"] for r in train[-k:]), "wall_s": wall}  # fmt: skip
+    out = {"tokens_per_s": (gen + trained) / wall, "step_s": statistics.median(r["timing/step_s"] for r in train),
+           "reward_last_10pct": statistics.mean(r["reward/mean"] for r in train[-k:]), "wall_s": wall}  # fmt: skip
+    if gpu:
+        out["peak_gpu_memory_gib"] = mem.peak_gib
+    return out
 
 
-def trl(model: str, steps: int) -> dict[str, float]:
+def trl(model: str, steps: int, gpu: bool) -> dict[str, float]:
     import torch
     from datasets import Dataset
     from peft import LoraConfig
@@ -68,44 +106,83 @@ def trl(model: str, steps: int) -> dict[str, float]:
             if kw.get("logs"):
                 logs.append(dict(kw["logs"]))
 
+    where = dict(
+        per_device_train_batch_size=PROMPTS * N, gradient_accumulation_steps=1, steps_per_generation=1, use_cpu=True,
+        bf16=False,
+    )  # fmt: skip
+    if gpu:
+        micro = 32
+        where = dict(
+            per_device_train_batch_size=micro, gradient_accumulation_steps=PROMPTS * N // micro,
+            steps_per_generation=PROMPTS * N // micro, bf16=True, gradient_checkpointing=True, use_vllm=True,
+            vllm_mode="colocate", vllm_gpu_memory_utilization=0.3, max_prompt_length=128,
+        )  # fmt: skip
     args = GRPOConfig(
-        output_dir="/tmp/trl-grpo", per_device_train_batch_size=PROMPTS * N, num_generations=N,
-        gradient_accumulation_steps=1, steps_per_generation=1, max_completion_length=NEW_TOKENS, temperature=1.0,
+        output_dir="/tmp/trl-grpo", num_generations=N, max_completion_length=NEW_TOKENS, temperature=1.0,
         learning_rate=LR, lr_scheduler_type="constant", warmup_steps=0, max_steps=steps, beta=0.0, logging_steps=1,
-        report_to=[], use_cpu=True, bf16=False, save_strategy="no", seed=0, disable_dropout=True,
+        report_to=[], save_strategy="no", seed=0, disable_dropout=True,
+        **{k: v for k, v in where.items() if k in GRPOConfig.__dataclass_fields__},
     )  # fmt: skip
     tok = AutoTokenizer.from_pretrained(path)
+    dtype = torch.bfloat16 if gpu else torch.float32
     trainer = GRPOTrainer(
-        model=AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32), reward_funcs=reward, args=args,
+        model=AutoModelForCausalLM.from_pretrained(path, dtype=dtype), reward_funcs=reward, args=args,
         train_dataset=data, processing_class=tok, callbacks=[Keep()],
         peft_config=LoraConfig(r=RANK, lora_alpha=32, target_modules="all-linear", task_type="CAUSAL_LM"),
     )  # fmt: skip
     t0 = time.perf_counter()
-    trainer.train()
+    if gpu:
+        with PeakGpuMemory() as mem:
+            trainer.train()
+    else:
+        trainer.train()
     wall = time.perf_counter() - t0
     steps_logged = [x for x in logs if "completions/mean_length" in x]
     gen = sum(x["completions/mean_length"] * PROMPTS * N for x in steps_logged)
     trained = steps_logged[-1].get("num_tokens", 0.0)  # cumulative prompt + completion tokens
     k = max(len(steps_logged) // 10, 1)
     rewards = [x.get("reward", x.get("rewards/reward/mean", 0.0)) for x in steps_logged]
-    return {"tokens_per_s": (gen + trained) / wall, "step_s": wall / max(len(steps_logged), 1),
-            "reward_last_10pct": statistics.mean(rewards[-k:]), "wall_s": wall}  # fmt: skip
+    out = {"tokens_per_s": (gen + trained) / wall, "step_s": wall / max(len(steps_logged), 1),
+           "reward_last_10pct": statistics.mean(rewards[-k:]), "wall_s": wall}  # fmt: skip
+    if gpu:
+        out["peak_gpu_memory_gib"] = mem.peak_gib
+    return out
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--model", default="tiny:qwen2")
+    ap.add_argument("--gpu", action="store_true", help="both sides on GPU 0 with vLLM")
+    ap.add_argument("--size", default="1.5b", help="--gpu: the Qwen2.5 shape (random weights)")
     args = ap.parse_args()
     import trl as trl_pkg
 
-    ours, theirs = lite_verl(args.model, args.steps), trl(args.model, args.steps)
-    cmd = f"python bench/vs_trl.py --steps {args.steps} --model {args.model}"
-    settings = (f"CPU, HF generate in both, echo task, {PROMPTS} prompts x {N}, <= {NEW_TOKENS} new tokens, LoRA r={RANK}, "
-                f"lr {LR}, no KL, {args.steps} steps; TRL {trl_pkg.__version__}")  # fmt: skip
+    model = args.model
+    if args.gpu:
+        from gpu_models import make_model
+
+        globals().update(GPU)
+        model = str(make_model(args.size, Path("/tmp/models")))
+    ours, theirs = lite_verl(model, args.steps, args.gpu), trl(model, args.steps, args.gpu)
+    if args.gpu:
+        cmd = f"python bench/vs_trl.py --gpu --steps {args.steps} --size {args.size}"
+        settings = (f"GPU, vLLM colocated in both (lite-verl: 4090x1 layout, no AWQ, sleep + adapter sync; TRL: colocate "
+                    f"defaults), echo task, {PROMPTS} prompts x {N}, <= {NEW_TOKENS} new tokens, LoRA r={RANK}, lr {LR}, "
+                    f"bf16, grad checkpointing, no KL, {args.steps} steps; TRL {trl_pkg.__version__}")  # fmt: skip
+        args.model = f"Qwen2.5-{args.size} shape (random, bf16)"
+    else:
+        cmd = f"python bench/vs_trl.py --steps {args.steps} --model {args.model}"
+        settings = (f"CPU, HF generate in both, echo task, {PROMPTS} prompts x {N}, <= {NEW_TOKENS} new tokens, LoRA r={RANK}, "
+                    f"lr {LR}, no KL, {args.steps} steps; TRL {trl_pkg.__version__}")  # fmt: skip
     for who, r in (("lite_verl", ours), ("trl", theirs)):
         for metric, value in r.items():
-            unit = {"tokens_per_s": "token/s", "step_s": "s", "wall_s": "s"}.get(metric, "reward")
+            unit = {
+                "tokens_per_s": "token/s",
+                "step_s": "s",
+                "wall_s": "s",
+                "peak_gpu_memory_gib": "GiB",
+            }.get(metric, "reward")
             append("vs_trl", args.model, settings, f"{who}_{metric}", value, unit, cmd)
     append("vs_trl", args.model, settings, "lite_verl_over_trl_tokens_per_s", ours["tokens_per_s"] / theirs["tokens_per_s"],
            "ratio", cmd)  # fmt: skip
