@@ -51,3 +51,15 @@ def describe_devices() -> dict[str, object]:
 def synchronize(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
+
+
+def nccl_env(gpus: tuple[int, ...]) -> dict[str, str]:
+    """NCCL_P2P_DISABLE=1 for a process group over GPUs that cannot reach each other's memory directly
+    (consumer cards such as the RTX 4090 report no peer access; NCCL's P2P transport can then hang or
+    fail). Nothing for one GPU, when every pair has peer access, or when the user already set it."""
+    if len(gpus) < 2 or "NCCL_P2P_DISABLE" in os.environ or not torch.cuda.is_available():
+        return {}
+    pairs = [(a, b) for a in gpus for b in gpus if a != b]
+    if all(torch.cuda.can_device_access_peer(a, b) for a, b in pairs):
+        return {}
+    return {"NCCL_P2P_DISABLE": "1"}

@@ -29,7 +29,7 @@ import torch
 
 from lite_verl.batch import RolloutBatch
 from lite_verl.config import Config
-from lite_verl.device import visible_devices_env
+from lite_verl.device import nccl_env, visible_devices_env
 from lite_verl.errors import UserError
 from lite_verl.rollout.base import SamplingSettings
 from lite_verl.rollout.hf import left_pad, response_mask_after_eos
@@ -121,6 +121,7 @@ class VLLMRolloutEngine:
         }
         if r.gpus:
             env.update(visible_devices_env(r.gpus))
+            env.update(nccl_env(r.gpus))  # tensor parallel over cards without peer access
         else:
             env.setdefault("VLLM_CPU_KVCACHE_SPACE", os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1"))
             if r.max_staleness and "VLLM_CPU_OMP_THREADS_BIND" not in os.environ:
