@@ -81,6 +81,7 @@ def main() -> None:
             "tokens_per_s_mean": float(summary["tokens_per_s"]),
             "reward_model_held_s": rm_held,
             "bill_usd": sum(b["cost_usd"] for b in summary["bill"]),
+            "train_peak_gib": float(summary.get("train_peak_gib") or 0.0),
         }
         for b in summary["bill"]:
             figures[f"bill_{b['role']}_{b['device']}_held_s"] = b["held_s"]
@@ -91,7 +92,9 @@ def main() -> None:
             f"reward model (random 2-layer Qwen2 head) on cuda:0 with keep_alive_s=0"
         )
         for metric, value in figures.items() if gpu else ():
-            unit = "USD" if metric == "bill_usd" else ("tokens/s" if "tokens" in metric else "s")
+            unit = {"bill_usd": "USD", "train_peak_gib": "GiB"}.get(
+                metric, "tokens/s" if "tokens" in metric else "s"
+            )
             append(
                 "split_gpu", f"Qwen2.5-{args.size} shape (random, bf16)", settings, metric, value, unit, cmd
             )

@@ -297,6 +297,10 @@ def train_step(session: Session, sampler: PromptSampler, step: int, ledger: Ledg
     metrics.update(overlap)
     metrics.update(_rollout_metrics(rollout, scores))
     metrics["train/micro_batch_size"] = float(micro.value)
+    device = getattr(session.backend, "device", None)
+    if isinstance(device, torch.device) and device.type == "cuda":  # the trainer's peak this step
+        metrics["perf/train_peak_gib"] = torch.cuda.max_memory_allocated(device) / 2**30
+        torch.cuda.reset_peak_memory_stats(device)
     gen_tokens, all_tokens = float(rollout.response_mask.sum()), float(rollout.attention_mask.sum())
     metrics.update(
         {
@@ -405,6 +409,7 @@ def _finish(session: Session, run: RunDir, ledger: Ledger) -> dict[str, Any]:
         "val_reward_start": vals[0]["val/reward_mean"] if vals else None,
         "val_reward_end": vals[-1]["val/reward_mean"] if vals else None,
         "tokens_per_s": sum(m["perf/tokens_per_s"] for m in rows) / len(rows) if rows else None,
+        "train_peak_gib": max((m.get("perf/train_peak_gib", 0.0) for m in rows), default=0.0),
         "checkpoint": str(run.latest_checkpoint() or ""),
         "bill": [vars(b) for b in bill(ledger, session.cfg)],
         "on_demand_held_s": dict(ledger.on_demand),  # device -> seconds a reward model was loaded there
