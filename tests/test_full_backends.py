@@ -166,10 +166,11 @@ def test_micro_batches_add_up_to_one_step(backend):
     assert float((out[0][0] - out[1][0]).abs().max()) < 1e-5
 
 
-def test_gradient_checkpointing_recomputes_and_keeps_the_numbers():
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_gradient_checkpointing_recomputes_and_keeps_the_numbers(backend):
     runs = {}
     for on in (False, True):
-        b, _ = _backend("fsdp", f"train.gradient_checkpointing={on}")
+        b, _ = _backend(backend, f"train.gradient_checkpointing={on}")
         calls: list[int] = []
         b.model.model.layers[0].register_forward_pre_hook(lambda *_, calls=calls: calls.append(1))
         lps, _ = _train(b, 1)
