@@ -348,6 +348,10 @@ def _rank_main(out: str) -> None:
     if int(os.environ["RANK"]) == 0:
         Path(out).write_text(json.dumps({"lps": lps[-1].tolist(), "norms": norms, "merged": merged,
                                          "local_bytes": b.parameter_bytes()}))  # fmt: skip
+    import torch.distributed as dist
+
+    dist.barrier()
+    dist.destroy_process_group()  # else gloo's threads can abort the interpreter at exit ("terminate called")
 
 
 @pytest.mark.slow
