@@ -16,6 +16,7 @@ normalises each loss by the whole mini-batch's token count, the ranks' gradients
 
 from __future__ import annotations
 
+import atexit
 import os
 import socket
 
@@ -62,4 +63,12 @@ def ensure_process_group(device: torch.device) -> tuple[int, int]:
         dist.init_process_group(backend, init_method="env://")
     else:
         dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1)
+    atexit.register(_destroy)  # a group left alive can abort the interpreter at exit (gloo's threads)
     return dist.get_rank(), dist.get_world_size()
+
+
+def _destroy() -> None:
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        dist.destroy_process_group()
