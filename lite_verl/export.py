@@ -69,10 +69,17 @@ def export_run(run_dir: str, out_dir: str, fmt: str = "hf") -> Path:
         )
     path = resolve_model_path(cfg.model)
     tokenizer = load_tokenizer(path, cfg.model.trust_remote_code)
-    base = AutoModelForCausalLM.from_pretrained(
-        path, dtype=torch.float32, trust_remote_code=cfg.model.trust_remote_code
-    )
-    merged = PeftModel.from_pretrained(base, ckpt / "adapter").merge_and_unload()  # merged in fp32
+    if (ckpt / "adapter").is_dir():  # lora / qlora: the adapter merged into the base, in fp32
+        base = AutoModelForCausalLM.from_pretrained(
+            path, dtype=torch.float32, trust_remote_code=cfg.model.trust_remote_code
+        )
+        merged = PeftModel.from_pretrained(base, ckpt / "adapter").merge_and_unload()
+    elif (ckpt / "model").is_dir():  # fsdp / deepspeed: the checkpoint holds the full weights
+        merged = AutoModelForCausalLM.from_pretrained(
+            ckpt / "model", dtype=torch.float32, trust_remote_code=cfg.model.trust_remote_code
+        )
+    else:
+        raise UserError(f"{ckpt} holds neither adapter/ nor model/; is it a lite-verl checkpoint?")
     merged = merged.to(getattr(torch, cfg.model.dtype if cfg.model.dtype != "float32" else "float32"))
     target = Path(out_dir) if fmt == "hf" else Path(tempfile.mkdtemp(prefix="lite-verl-export-"))
     try:
