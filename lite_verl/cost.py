@@ -117,4 +117,6 @@ def format_bill(rows: list[BillRow]) -> str:
         )
     total = sum(r.cost_usd for r in rows)
     lines.append(f"{'total':<39}{'':>8} {'':>6} {total:>8.4f}")
+    if any(r.held_s > 0 and r.busy_s > r.held_s * 1.01 for r in rows):
+        lines.append("util > 100%: roles sharing a GPU computed at the same time (rollout.max_staleness=1)")
     return "\n".join(lines)
