@@ -33,10 +33,10 @@ from typing import Any, Protocol
 
 import torch
 
-from lite_verl.algos import entropy_from_logits, log_probs_from_logits
 from lite_verl.batch import position_ids
 from lite_verl.config import Config, CriticConfig, TrainConfig
 from lite_verl.errors import ConfigError
+from lite_verl.train.head import response_log_probs
 
 WEIGHTS = "model.safetensors"  # full weights in a checkpoint: RUN/checkpoints/step_N/model/
 
@@ -159,11 +159,9 @@ class FullBackend:
             input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids(attention_mask),
             logits_to_keep=response_length + 1, use_cache=False,
         )  # fmt: skip
-        logits = out.logits[:, :-1].float()
-        if temperature > 0:
-            logits = logits / temperature
-        log_probs = log_probs_from_logits(logits, input_ids[:, -response_length:])
-        return log_probs, entropy_from_logits(logits) if with_entropy else None
+        return response_log_probs(
+            out.logits[:, :-1], input_ids[:, -response_length:], temperature, with_entropy
+        )
 
     # --- update --------------------------------------------------------------------------------
     def zero_grad(self) -> None:

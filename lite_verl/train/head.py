@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import torch
 
+from lite_verl.algos import entropy_from_logits, log_probs_from_logits
+
 CHUNK_ROWS = 16384  # vocabulary rows cast to fp32 at a time
 
 
@@ -43,3 +45,15 @@ class _FP32Head(torch.autograd.Function):
 def fp32_logits(hidden: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     """hidden [..., H] (any float dtype) x weight [V, H] -> fp32 logits [..., V]."""
     return _FP32Head.apply(hidden, weight)
+
+
+def response_log_probs(
+    logits: torch.Tensor, targets: torch.Tensor, temperature: float, with_entropy: bool
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Log-probs of `targets` [N, R] under the response positions' logits [N, R, V] / temperature, and
+    their entropy when asked: the last step of every training backend's forward."""
+    logits = logits.float()
+    if temperature > 0:
+        logits = logits / temperature
+    entropy = entropy_from_logits(logits) if with_entropy else None
+    return log_probs_from_logits(logits, targets), entropy

@@ -11,11 +11,11 @@ from pathlib import Path
 
 import torch
 
-from lite_verl.algos import entropy_from_logits, log_probs_from_logits
 from lite_verl.batch import position_ids
 from lite_verl.config import CriticConfig, TrainConfig
 from lite_verl.errors import ConfigError
 from lite_verl.tensorfile import FlatFileWriter
+from lite_verl.train.head import response_log_probs
 
 
 def dense_weight(linear: torch.nn.Module) -> torch.Tensor:
@@ -163,13 +163,8 @@ class LoraBackend:
             hidden = causal_lm.base_model(**kwargs).last_hidden_state[:, -response_length - 1 : -1]
             logits = fp32_logits(hidden, causal_lm.get_output_embeddings().weight)
         else:
-            logits = self.model(**kwargs).logits[:, -response_length - 1 : -1].float()
-        if temperature > 0:
-            logits = logits / temperature
-        targets = input_ids[:, -response_length:]
-        log_probs = log_probs_from_logits(logits, targets)
-        entropy = entropy_from_logits(logits) if with_entropy else None
-        return log_probs, entropy
+            logits = self.model(**kwargs).logits[:, -response_length - 1 : -1]
+        return response_log_probs(logits, input_ids[:, -response_length:], temperature, with_entropy)
 
     # --- update --------------------------------------------------------------------------------
     def zero_grad(self) -> None:
