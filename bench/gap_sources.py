@@ -62,6 +62,7 @@ def main() -> None:
     from lite_verl.config import load_config
     from lite_verl.loop import prepare
     from lite_verl.rollout.base import SamplingSettings
+    from lite_verl.rollout.vllm_engine import fixed_sequences
 
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", type=Path, required=True)
@@ -76,13 +77,7 @@ def main() -> None:
     fixed = session.engine.generate(
         session.train_set.token_ids[:8], SamplingSettings(n=2, max_new_tokens=64), 7
     )
-    seqs, plens = [], []
-    for i in range(fixed.response_ids.shape[0]):
-        p = fixed.prompt_ids[i][fixed.prompt_mask[i].bool()].tolist()
-        r = fixed.response_ids[i][fixed.response_mask[i].bool()].tolist()
-        if r:
-            seqs.append(p + r)
-            plens.append(len(p))
+    seqs, plens = fixed_sequences(fixed)
     scores = {"vllm_bf16": [torch.tensor(v[p - 1 :]) for v, p in zip(session.engine.score(seqs), plens)]}
     session.engine.close()
     fp32 = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, dtype="float32"))

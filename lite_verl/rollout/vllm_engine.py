@@ -385,6 +385,18 @@ def _generation_eos(model_path: Path) -> set[int]:
     return {int(e) for e in (eos if isinstance(eos, list) else [eos])}
 
 
+def fixed_sequences(rollout: RolloutBatch) -> tuple[list[list[int]], list[int]]:
+    """-> (prompt + response token ids, prompt length) of every row with a non-empty response."""
+    seqs, plens = [], []
+    for i in range(rollout.response_ids.shape[0]):
+        p = rollout.prompt_ids[i][rollout.prompt_mask[i].bool()].tolist()
+        r = rollout.response_ids[i][rollout.response_mask[i].bool()].tolist()
+        if r:
+            seqs.append(p + r)
+            plens.append(len(p))
+    return seqs, plens
+
+
 def fixed_response_gap(
     engine: VLLMRolloutEngine, backend, rollout: RolloutBatch
 ) -> tuple[torch.Tensor, list[list[float]]]:
@@ -393,13 +405,7 @@ def fixed_response_gap(
     -> (|vLLM - trainer| per response token, concatenated; vLLM's log-probs per response). This is the
     check that a sync put the trainer's weights into the engine: both sides see the same fixed tokens.
     """
-    seqs, plens = [], []
-    for i in range(rollout.response_ids.shape[0]):
-        p = rollout.prompt_ids[i][rollout.prompt_mask[i].bool()].tolist()
-        r = rollout.response_ids[i][rollout.response_mask[i].bool()].tolist()
-        if r:
-            seqs.append(p + r)
-            plens.append(len(p))
+    seqs, plens = fixed_sequences(rollout)
     engine_lps = [v[p - 1 :] for v, p in zip(engine.score(seqs), plens)]
     gaps = []
     for s, p, v in zip(seqs, plens, engine_lps):
