@@ -131,17 +131,14 @@ def test_adapter_versions_do_not_pile_up(files, monkeypatch):
 def test_adapter_from_memory_serves_what_the_file_would(monkeypatch):
     """The same adapter loaded from memory and from a file gives vLLM the same log-probs."""
     from lite_verl.rollout.base import SamplingSettings
+    from lite_verl.rollout.vllm_engine import fixed_sequences
 
     session = _session("sync.mode=adapter", "train.lr=0.05")
     try:
         _train_one_step(session)  # the adapter is no longer zero
         prompts = session.train_set.token_ids[:4]
         fixed = session.engine.generate(prompts, SamplingSettings(n=2, max_new_tokens=8), seed=5)
-        seqs = [
-            fixed.prompt_ids[i][fixed.prompt_mask[i].bool()].tolist()
-            + fixed.response_ids[i][fixed.response_mask[i].bool()].tolist()
-            for i in range(fixed.response_ids.shape[0])
-        ]
+        seqs, _ = fixed_sequences(fixed)
         assert session.engine.memory_lora
         from_memory = session.engine.score(seqs)
         session.engine.memory_lora = False
