@@ -52,7 +52,16 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"lite-verl {_version()}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    _add_config_commands(sub)
+    _add_model_commands(sub)
+    _add_run_commands(sub)
+    _add_export_verl(sub)
+    _add_k8s(sub)
+    return parser
 
+
+def _add_config_commands(sub) -> None:
+    """train, validate, presets, plan: the commands that take a config."""
     p = sub.add_parser(
         "train",
         help="run RL training",
@@ -85,6 +94,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _add_config_args(p)
 
+
+def _add_model_commands(sub) -> None:
+    """make-tiny-model, import-gguf, prepare-gsm8k, quantize: models and data made or converted."""
     p = sub.add_parser(
         "make-tiny-model",
         help="write a random-init tiny model + tokenizer",
@@ -125,6 +137,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--group-size", type=int, default=128, help="input channels per group: 32, 64 or 128")
     p.add_argument("--max-prompts", type=int, default=512, help="calibration prompts to use")
 
+
+def _add_run_commands(sub) -> None:
+    """report, export: what a finished run directory gives."""
     p = sub.add_parser(
         "report",
         help="print a finished run's bill and numbers, write PNG plots",
@@ -143,9 +158,6 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("run", help="run directory")
     p.add_argument("out", help="output directory")
     p.add_argument("--format", default="hf", choices=["hf", "awq"])
-    _add_export_verl(sub)
-    _add_k8s(sub)
-    return parser
 
 
 def _add_source_args(p: argparse.ArgumentParser) -> None:
