@@ -278,9 +278,9 @@ class VLLMRolloutEngine:
             self._adapter_buffer = FlatBuffer(host)
         buf = self._adapter_buffer
         flat = buf.pack(state, torch_dtype(self.serving_dtype))
-        if not (on_cuda and self.same_gpus):
+        if host == "shared":
             flat = buf.to_host()
-        elif on_cuda:
+        else:
             torch.cuda.current_stream().synchronize()  # the worker reads it on its own stream
         t1 = time.perf_counter()
         self._call("add_adapter_tensors", version=version, flat=flat, layout=buf.layout, config=config)
