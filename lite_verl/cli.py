@@ -279,7 +279,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
     from lite_verl.plan import format_plan, plan, shape_of
 
     cfg = load_config(args.preset, args.config, args.sets)
-    print(format_plan(cfg, plan(cfg, shape_of(resolve_model_path(cfg.model)))))
+    shape = shape_of(resolve_model_path(cfg.model))
+    print(format_plan(cfg, plan(cfg, shape), shape))
     return 0
 
 

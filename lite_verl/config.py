@@ -93,6 +93,7 @@ class TrainConfig:
     gradient_checkpointing: bool = False  # trade compute for activation memory
     offload_params: bool = False  # fsdp/deepspeed: weights (and the reference policy) in host memory; fsdp moves gradients and AdamW state with them
     offload_optimizer: bool = False  # fsdp/deepspeed: AdamW state, fp32 masters and gradients in host memory (fsdp: together with offload_params)
+    max_memory_gib: float = 0.0  # cap this process's memory on its training GPU (0 = the whole card): the trainer's share of a card it shares, or a 24 GB card emulated on a bigger one
 
 
 @dataclass(frozen=True)

@@ -48,6 +48,22 @@ def describe_devices() -> dict[str, object]:
     return info
 
 
+def cap_memory(device: torch.device, gib: float) -> None:
+    """Caps this process's allocations on `device` at `gib` GiB (train.max_memory_gib): beyond it PyTorch
+    raises its out-of-memory error as a card of that size would, so a 24 GB card can be emulated on a
+    bigger one and a trainer sharing its card with a vLLM process cannot take the engine's share."""
+    if not gib or device.type != "cuda":
+        return
+    from lite_verl.errors import ConfigError
+
+    total = torch.cuda.get_device_properties(device).total_memory / 2**30
+    if gib > total:
+        raise ConfigError(
+            f"train.max_memory_gib={gib} exceeds GPU {device.index}'s {total:.1f} GiB; lower it or set it to 0"
+        )
+    torch.cuda.set_per_process_memory_fraction(gib / total, device)
+
+
 def synchronize(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)

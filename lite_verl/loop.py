@@ -27,7 +27,7 @@ from lite_verl.config import Config
 from lite_verl.console import Progress, summary_text
 from lite_verl.cost import Ledger, bill
 from lite_verl.data.loader import PromptSampler, PromptSet, load_prompt_sets
-from lite_verl.device import role_device
+from lite_verl.device import cap_memory, role_device
 from lite_verl.errors import UserError
 from lite_verl.rewards import RewardFn, load_reward_function, score_batch
 from lite_verl.rollout.base import SamplingSettings
@@ -109,6 +109,7 @@ def prepare(cfg: Config) -> Session:
     tokenizer = load_tokenizer(path, cfg.model.trust_remote_code)
     train_set, val_set = load_prompt_sets(cfg.data, tokenizer, cfg.trainer.seed)
     device = role_device(cfg.train.gpus)
+    cap_memory(device, cfg.train.max_memory_gib)
     if cfg.train.backend in ("fsdp", "deepspeed"):  # full fine-tuning (train/full.py)
         from lite_verl.train.full import build_full_backend
 

@@ -37,6 +37,7 @@ GIB = 2**30
 CARD_GIB = {"RTX 4090": 24.0, "RTX 3090": 24.0, "A10": 24.0, "T4": 16.0, "L4": 24.0, "A100": 80.0,
             "H100": 80.0, "H200": 141.0, "RTX 4080": 16.0, "RTX 3060": 12.0}  # fmt: skip
 OVERHEAD_GIB = 0.5
+HOST_USABLE = 0.9  # of the host's RAM: the OS, the data and Python take the rest
 USABLE = 0.95  # of a card's memory: allocator fragmentation and the driver's share take the rest
 BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 
@@ -85,11 +86,16 @@ class GpuPlan:
 
     vllm_weights_gib: float = 0.0
     vllm_budget_gib: float = 0.0
+    train_alloc_gib: float = (
+        0.0  # the trainer's own tensors at its peak (what torch.cuda.max_memory_allocated sees)
+    )
+    train_cap_gib: float = 0.0  # train.max_memory_gib, 0 = none
 
     @property
     def fits(self) -> bool:
         vllm_ok = self.vllm_weights_gib <= 0.9 * self.vllm_budget_gib if self.vllm_budget_gib else True
-        return self.peak_gib <= USABLE * self.card_gib and vllm_ok
+        cap_ok = self.train_alloc_gib <= USABLE * self.train_cap_gib if self.train_cap_gib else True
+        return self.peak_gib <= USABLE * self.card_gib and vllm_ok and cap_ok
 
 
 DYNAMIC = ("activations", "response logits (fp32)")  # parts of the update alone; the rest stays
@@ -159,8 +165,40 @@ def plan(cfg: Config, shape: Shape) -> list[GpuPlan]:
             parts["runtime overhead"] = OVERHEAD_GIB
         sleeps = cfg.rollout.colocate and g in cfg.rollout.gpus and g in cfg.train.gpus
         peak = max(static + vllm, static + dynamic) if sleeps else static + vllm + dynamic
-        out.append(GpuPlan(g, model, card, parts, peak, served, vllm))
+        alloc = static + dynamic - OVERHEAD_GIB if g in cfg.train.gpus else 0.0
+        cap = cfg.train.max_memory_gib if g in cfg.train.gpus else 0.0
+        out.append(GpuPlan(g, model, card, parts, peak, served, vllm, alloc, cap))
     return out
+
+
+def host_parts(cfg: Config, shape: Shape) -> dict[str, float]:
+    """GiB of host memory the run keeps, all processes together: offloaded training state, the weights a
+    sleeping colocated vLLM parks in host memory, and the trainer's one-time load of the checkpoint."""
+    t, b, p = cfg.train, BYTES[cfg.model.dtype], shape.params()
+    parts = {"model load (once, model.dtype)": b * p / GIB}
+    if t.backend == "fsdp" and t.offload_params:
+        parts["fp32 weights + grads + AdamW (offloaded)"] = 16 * p / GIB
+    if t.backend == "deepspeed":
+        if t.offload_params:
+            parts["weights (offloaded)"] = b * p / GIB
+        if t.offload_optimizer:
+            parts["fp32 masters + grads + AdamW (offloaded)"] = 16 * p / GIB
+    kl = cfg.algorithm.use_kl_loss or cfg.algorithm.use_kl_in_reward
+    if t.backend in ("fsdp", "deepspeed") and t.offload_params and kl:
+        parts["reference policy (offloaded)"] = b * p / GIB
+    if cfg.rollout.engine == "vllm" and cfg.rollout.colocate and set(cfg.rollout.gpus) & set(t.gpus):
+        parts["vLLM weights while asleep"] = served_weights_gib(cfg, shape)
+    return parts
+
+
+def host_total_gib() -> float:
+    """This machine's physical memory in GiB (0 where it cannot be read)."""
+    import os
+
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / GIB
+    except (ValueError, OSError, AttributeError):
+        return 0.0
 
 
 def served_weights_gib(cfg: Config, shape: Shape) -> float:
@@ -178,6 +216,8 @@ def knob(cfg: Config, p: GpuPlan) -> str:
         return (f"vLLM's weights ({p.vllm_weights_gib:.1f} GiB) leave no room in rollout.gpu_memory_utilization="
                 f"{cfg.rollout.gpu_memory_utilization}: raise it or use rollout.quantization=awq")  # fmt: skip
     biggest = max(p.parts, key=lambda k: p.parts[k])
+    if p.train_cap_gib and p.train_alloc_gib > USABLE * p.train_cap_gib and biggest.startswith("vLLM"):
+        biggest = max((k for k in p.parts if not k.startswith("vLLM")), key=lambda k: p.parts[k])
     if biggest == "activations" and not cfg.train.gradient_checkpointing:
         return "set train.gradient_checkpointing=true"
     if biggest in ("activations", "response logits (fp32)") and cfg.train.micro_batch_size > 1:
@@ -204,6 +244,13 @@ def _offload_knob(cfg: Config, biggest: str) -> str:
     return "use train.backend=lora or qlora (only an adapter trains)"
 
 
+def host_knob(cfg: Config) -> str:
+    t = cfg.train
+    if t.backend in ("fsdp", "deepspeed") and (t.offload_params or t.offload_optimizer):
+        return "offloaded full fine-tuning keeps 16 bytes per parameter in host memory: use train.backend=qlora or lora, or more RAM"
+    return "use a smaller model or a machine with more RAM"
+
+
 def shape_of(model_dir: Path) -> Shape:
     return Shape.from_config(json.loads((Path(model_dir) / "config.json").read_text()))
 
@@ -214,7 +261,14 @@ def check_plan(cfg: Config, model_dir: Path) -> None:
 
     if not cfg.trainer.plan_check or not (cfg.rollout.gpus or cfg.train.gpus):
         return
-    for p in plan(cfg, shape_of(model_dir)):
+    shape = shape_of(model_dir)
+    host, have = sum(host_parts(cfg, shape).values()), host_total_gib()
+    if have and host > HOST_USABLE * have:
+        raise ConfigError(
+            f"host memory: the run would keep ~{host:.0f} GiB of this machine's {have:.0f} GiB (lite-verl plan); "
+            f"{host_knob(cfg)}, or set trainer.plan_check=false to try anyway"
+        )
+    for p in plan(cfg, shape):
         if not p.fits:
             raise ConfigError(
                 f"GPU {p.gpu} ({p.model}, {p.card_gib:.0f} GiB) would need ~{p.peak_gib:.1f} GiB (lite-verl plan); "
@@ -222,14 +276,22 @@ def check_plan(cfg: Config, model_dir: Path) -> None:
             )
 
 
-def format_plan(cfg: Config, plans: list[GpuPlan]) -> str:
+def format_plan(cfg: Config, plans: list[GpuPlan], shape: Shape | None = None) -> str:
     if not plans:
         return "plan: no GPU in this config (CPU run): nothing to predict"
     lines = []
+    if shape is not None:
+        host, have = host_parts(cfg, shape), host_total_gib()
+        lines.append(f"host: ~{sum(host.values()):.1f} GiB of {have:.0f} GiB RAM")
+        lines += [f"    {k:<40} {v:6.2f} GiB" for k, v in host.items()]
     for p in plans:
         verdict = "fits" if p.fits else f"DOES NOT FIT: {knob(cfg, p)}"
         lines.append(f"GPU {p.gpu} ({p.model}, {p.card_gib:.0f} GiB, {USABLE:.0%} usable): predicted peak "
                      f"{p.peak_gib:.1f} GiB -- {verdict}")  # fmt: skip
+        if p.train_cap_gib:
+            lines.append(
+                f"    trainer's tensors {p.train_alloc_gib:.2f} GiB of train.max_memory_gib={p.train_cap_gib:g}"
+            )
         if p.vllm_budget_gib:
             lines.append(
                 f"    vLLM weights {p.vllm_weights_gib:.2f} GiB of its {p.vllm_budget_gib:.2f} GiB budget"

@@ -130,6 +130,9 @@ def _check_rollout_train(cfg: Config) -> None:
     _positive("train.lr", t.lr)
     _positive("train.weight_decay", t.weight_decay, allow_zero=True)
     _positive("train.micro_batch_size", t.micro_batch_size)
+    _positive("train.max_memory_gib", t.max_memory_gib, allow_zero=True)
+    if t.max_memory_gib and not t.gpus:
+        raise ConfigError("train.max_memory_gib caps GPU memory but train.gpus is empty (CPU); set it to 0")
     _positive("train.lora_rank", t.lora_rank)
     _positive("train.lora_alpha", t.lora_alpha)
     if not 0 <= t.lora_dropout < 1:

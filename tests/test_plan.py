@@ -123,3 +123,46 @@ def test_full_fine_tuning_by_hand_and_its_offload_knobs():
     parts = train_parts(ds_off, QWEN_1_5B)
     assert parts["grads + AdamW"] == 0 and parts["reference policy"] == 0  # no KL: no reference at all
     assert plan(ds_off, QWEN_1_5B)[0].fits
+
+
+def test_host_memory_of_offloaded_full_fine_tuning(tmp_path, monkeypatch):
+    from lite_verl import plan as plan_mod
+
+    (tmp_path / "config.json").write_text(json.dumps({
+        "hidden_size": 3584, "intermediate_size": 18944, "num_hidden_layers": 28, "num_attention_heads": 28,
+        "num_key_value_heads": 4, "vocab_size": 152064, "tie_word_embeddings": False,
+    }))  # fmt: skip
+    sets = [
+        "train.backend=fsdp",
+        "train.offload_params=true",
+        "train.offload_optimizer=true",
+        "sync.mode=merged",
+        "rollout.quantization=none",
+    ]
+    cfg = load_config("3090x2", None, sets)
+    p = QWEN_7B.params()  # 7.6B: fp32 weights, grads, AdamW m and v = 16 bytes each in host memory
+    host = plan_mod.host_parts(cfg, QWEN_7B)
+    assert host["fp32 weights + grads + AdamW (offloaded)"] == pytest.approx(16 * p / GIB)  # ~114 GiB
+    assert host["reference policy (offloaded)"] == pytest.approx(2 * p / GIB)
+    monkeypatch.setattr(plan_mod, "host_total_gib", lambda: 64.0)  # a 64 GB workstation
+    with pytest.raises(ConfigError, match="host memory.*of this machine's 64 GiB.*qlora"):
+        check_plan(cfg, tmp_path)
+    monkeypatch.setattr(plan_mod, "host_total_gib", lambda: 256.0)
+    check_plan(cfg, tmp_path)  # fits on the GPU (24 GiB cards) and in 256 GiB of RAM
+
+
+def test_trainer_memory_cap():
+    capped = load_config("4090x1", None, ["train.max_memory_gib=4"])
+    (gpu,) = plan(capped, QWEN_1_5B)
+    parts = train_parts(capped, QWEN_1_5B)
+    assert gpu.train_alloc_gib == pytest.approx(sum(parts.values()))  # no CUDA context: PyTorch's own tensors
+    from lite_verl.plan import knob
+
+    assert not gpu.fits and "qlora" in knob(
+        capped, gpu
+    )  # 3.9 GiB > 95% of 4; the bf16 base is the biggest part
+    assert plan(load_config("4090x1", None, ["train.max_memory_gib=12"]), QWEN_1_5B)[0].fits
+    with pytest.raises(ConfigError, match="train.max_memory_gib=-1.0 must be >= 0"):
+        load_config("4090x1", None, ["train.max_memory_gib=-1"])
+    with pytest.raises(ConfigError, match="train.max_memory_gib caps GPU memory but train.gpus is empty"):
+        load_config("laptop", None, ["train.max_memory_gib=4"])
