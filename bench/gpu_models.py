@@ -7,6 +7,7 @@ from pathlib import Path
 SHAPES = {  # Qwen2.5 shapes (hidden, intermediate, layers, heads, kv heads, tied embeddings)
     "0.5b": (896, 4864, 24, 14, 2, True),
     "1.5b": (1536, 8960, 28, 12, 2, True),
+    "3b": (2048, 11008, 36, 16, 2, True),
     "7b": (3584, 18944, 28, 28, 4, False),
 }
 

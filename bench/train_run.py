@@ -41,3 +41,18 @@ def learning_figures(train: list[dict], val: list[dict], summary: dict[str, Any]
         "val_reward_end_greedy": val[-1]["val/reward_mean"] if val else float("nan"),
         "train_wall_time": float(summary["wall_s"]),
     }
+
+
+def single_process_group_env() -> None:
+    """The torch.distributed variables `torchrun --nproc_per_node 1` would set, for TRL's vLLM colocate
+    mode in this process (its engine joins a process group of one). Set after lite-verl's own runs, which
+    are subprocesses that must not inherit them; values already set win."""
+    import os
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    for key, value in {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "LOCAL_WORLD_SIZE": "1",
+                       "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}.items():  # fmt: skip
+        os.environ.setdefault(key, value)

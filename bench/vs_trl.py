@@ -26,7 +26,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from results import REPORT, append, render  # noqa: E402
-from train_run import train_run  # noqa: E402
+from train_run import single_process_group_env, train_run  # noqa: E402
 
 PROMPTS, N, NEW_TOKENS, LR, RANK = 16, 8, 16, 3e-3, 16
 GPU = {"PROMPTS": 32, "NEW_TOKENS": 256, "LR": 1e-5}  # --gpu
@@ -125,6 +125,8 @@ def trl(model: str, steps: int, gpu: bool) -> dict[str, float]:
     )  # fmt: skip
     tok = AutoTokenizer.from_pretrained(path)
     dtype = torch.bfloat16 if gpu else torch.float32
+    if gpu:
+        single_process_group_env()
     trainer = GRPOTrainer(
         model=AutoModelForCausalLM.from_pretrained(path, dtype=dtype), reward_funcs=reward, args=args,
         train_dataset=data, processing_class=tok, callbacks=[Keep()],
