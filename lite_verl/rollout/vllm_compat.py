@@ -65,8 +65,28 @@ def reload_weights(worker: Any, named_tensors: list[tuple[str, Any]]) -> None:
         params = inspect.signature(runner.reload_weights).parameters
         if "weights_iterator" in params:
             runner.reload_weights(weights_iterator=iter(named_tensors))
+            reload_tied_embedding(runner.model, named_tensors)
             return
     runner.model.load_weights(weights=iter(named_tensors))
+
+
+def reload_tied_embedding(model: Any, named_tensors: list[tuple[str, Any]]) -> None:
+    """With tie_word_embeddings the LM head shares the embedding's Parameter and checkpoints carry no
+    lm_head.weight. vLLM's layer-wise reload finalizes the head after the embedding, finds nothing loaded
+    for it, and writes the old tensor back into the shared Parameter: both would serve the initial
+    weights. Load the embedding once more, directly, and redo the head's post-load step (the CPU
+    backend prepares its GEMM there)."""
+    config = getattr(model, "config", None)
+    head = getattr(model, "lm_head", None)
+    if not getattr(config, "tie_word_embeddings", False) or head is None:
+        return
+    embedding = [(n, t) for n, t in named_tensors if n.endswith("embed_tokens.weight")]
+    if not embedding:
+        return
+    model.load_weights(weights=iter(embedding))
+    method = getattr(head, "quant_method", None)
+    if method is not None and hasattr(method, "process_weights_after_loading"):
+        method.process_weights_after_loading(head)
 
 
 def add_lora(llm: Any, request: Any) -> None:
