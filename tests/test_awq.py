@@ -126,8 +126,12 @@ def test_copy_awq_in_place_fills_fused_shards():
         out = sum(sizes)
         m.output_sizes = sizes
         m.qweight = torch.nn.Parameter(torch.zeros(inp, out // 8, dtype=torch.int32), requires_grad=False)
-        m.qzeros = torch.nn.Parameter(torch.zeros(inp // group, out // 8, dtype=torch.int32), requires_grad=False)
-        m.scales = torch.nn.Parameter(torch.zeros(inp // group, out, dtype=torch.float16), requires_grad=False)
+        m.qzeros = torch.nn.Parameter(
+            torch.zeros(inp // group, out // 8, dtype=torch.int32), requires_grad=False
+        )
+        m.scales = torch.nn.Parameter(
+            torch.zeros(inp // group, out, dtype=torch.float16), requires_grad=False
+        )
         m.bias = torch.nn.Parameter(torch.zeros(out), requires_grad=False)
         return m
 
