@@ -2,6 +2,7 @@
 
     lite-verl train --preset laptop                       # GRPO on the CPU, tiny model, built-in task
     lite-verl train --preset 4090x1 --config my.yaml --set trainer.total_steps=200
+    lite-verl train --preset auto --set model.path=DIR    # detect the GPUs, pick what fits, say why
     lite-verl train --resume runs/20261202-120000-laptop  # continue from the last checkpoint
     lite-verl validate --preset 4090x4                    # print the resolved config, or what is wrong
     lite-verl make-tiny-model DIR                         # random-init model + locally trained tokenizer
@@ -21,15 +22,23 @@ import shutil
 import sys
 import warnings
 from pathlib import Path
+from typing import TYPE_CHECKING, TextIO
 
 from lite_verl.errors import UserError
+
+if TYPE_CHECKING:
+    from lite_verl.auto import Gpu
+    from lite_verl.config import Config
+    from lite_verl.plan import Shape
 
 EPILOG = "Docs: README.md. Config keys: `lite-verl validate --keys`. Presets: `lite-verl presets`."
 
 
 def _add_config_args(p: argparse.ArgumentParser, config_file: bool = True) -> None:
     p.add_argument(
-        "--preset", help="hardware preset: a name in presets/ (e.g. laptop, 4090x1) or a YAML path"
+        "--preset",
+        help="hardware preset: a name in presets/ (e.g. laptop, 4090x1), a YAML path, or auto "
+        "(detect this machine's GPUs and pick what fits)",
     )
     if config_file:
         p.add_argument("--config", help="your YAML config; layered over the preset")
@@ -93,6 +102,11 @@ def _add_config_commands(sub) -> None:
         "logits, vLLM), whether it fits, and which knob to turn.",
     )
     _add_config_args(p)
+    p.add_argument(
+        "--model-shape",
+        metavar="SIZE",
+        help="plan for a Qwen2.5 shape (0.5b, 1.5b, 3b, 7b, 14b, 32b) instead of model.path's config.json",
+    )
 
 
 def _add_model_commands(sub) -> None:
@@ -226,7 +240,6 @@ def _quiet_libraries() -> None:
 
 
 def cmd_train(args: argparse.Namespace) -> int:
-    from lite_verl.config import load_config
     from lite_verl.loop import load_run_config, prepare, run_training
     from lite_verl.rundir import RunDir, default_run_dir
     from lite_verl.validation import check_environment
@@ -243,9 +256,9 @@ def cmd_train(args: argparse.Namespace) -> int:
         run.write_config(cfg)  # --set may extend trainer.total_steps
         run_training(session, run, resume=True)
         return 0
-    cfg = load_config(args.preset, args.config, args.sets)
+    cfg, gpus = _load(args)
     check_environment(cfg)
-    _check_plan(cfg)
+    _check_plan(cfg, gpus)
     path = Path(args.run_dir) if args.run_dir else default_run_dir(cfg.preset)
     if path.exists() and any(path.iterdir()):
         raise UserError(
@@ -265,36 +278,68 @@ def cmd_train(args: argparse.Namespace) -> int:
     return 0
 
 
-def _check_plan(cfg) -> None:
-    from lite_verl.model import resolve_model_path
-    from lite_verl.plan import check_plan
+def _load(
+    args: argparse.Namespace, shape: Shape | None = None, out: TextIO | None = None
+) -> tuple[Config, list[Gpu] | None]:
+    """The config of --preset/--config/--set, and the detected GPUs (None unless --preset auto, which detects
+    them, chooses, and prints why to `out`, stdout by default)."""
+    from lite_verl.config import load_config
+    from lite_verl.preset_files import AUTO
 
-    if cfg.rollout.gpus or cfg.train.gpus:
-        check_plan(cfg, resolve_model_path(cfg.model))
+    if args.preset != AUTO:
+        return load_config(args.preset, args.config, args.sets), None
+    from lite_verl.auto import choose, detect
+
+    choice = choose(detect(), args.config, args.sets, shape)
+    for line in choice.lines:
+        print(line, file=out or sys.stdout)
+    return choice.cfg, list(choice.gpus)
+
+
+def _check_plan(cfg: Config, gpus: list[Gpu] | None = None) -> None:
+    """Before anything loads: the plan fits every card, and the cards exist with that much memory free now
+    (the GPUs are detected here unless --preset auto already did)."""
+    from lite_verl.auto import check_topology, detect, measured_cards
+    from lite_verl.model import resolve_model_path
+    from lite_verl.plan import check_plan, shape_of
+
+    if not (cfg.rollout.gpus or cfg.train.gpus):
+        return
+    model_dir = resolve_model_path(cfg.model)
+    gpus = detect() if gpus is None else gpus
+    with measured_cards(gpus):
+        check_plan(cfg, model_dir)
+    check_topology(cfg, shape_of(model_dir), gpus)
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
-    from lite_verl.config import load_config
+    from lite_verl.auto import MODEL_SHAPES, measured_cards
     from lite_verl.model import resolve_model_path
     from lite_verl.plan import format_plan, plan, shape_of
 
-    cfg = load_config(args.preset, args.config, args.sets)
-    shape = shape_of(resolve_model_path(cfg.model))
-    print(format_plan(cfg, plan(cfg, shape), shape))
+    shape = None
+    if args.model_shape:
+        if args.model_shape.lower() not in MODEL_SHAPES:
+            raise UserError(f"--model-shape {args.model_shape}: give one of {', '.join(MODEL_SHAPES)}")
+        shape = MODEL_SHAPES[args.model_shape.lower()]
+    cfg, gpus = _load(args, shape)
+    shape = shape or shape_of(resolve_model_path(cfg.model))
+    with measured_cards(gpus or []):
+        print(format_plan(cfg, plan(cfg, shape), shape))
     return 0
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
     import yaml
 
-    from lite_verl.config import describe, load_config, to_dict
+    from lite_verl.config import describe, to_dict
     from lite_verl.validation import check_environment
 
     if args.keys:
         for key, comment in describe():
             print(f"{key:<36} {comment}")
         return 0
-    cfg = load_config(args.preset, args.config, args.sets)
+    cfg, _ = _load(args, out=sys.stderr)
     print(yaml.safe_dump(to_dict(cfg), sort_keys=False), end="")
     if not args.no_env_check:
         check_environment(cfg)
@@ -303,8 +348,11 @@ def cmd_validate(args: argparse.Namespace) -> int:
 
 
 def cmd_presets(args: argparse.Namespace) -> int:
-    from lite_verl.preset_files import preset_names, preset_path
+    from lite_verl.preset_files import AUTO, preset_names, preset_path
 
+    print(
+        f"{AUTO:<10} lite-verl train --preset auto --set model.path=DIR  (detects the GPUs, picks what fits)"
+    )
     for name in preset_names():
         lines = preset_path(name).read_text().splitlines()
         launch = next((ln.split(":", 1)[1].strip() for ln in lines if ln.startswith("# Launch:")), "")

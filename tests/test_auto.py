@@ -1,0 +1,224 @@
+"""--preset auto on fake machines (CPU only): what it picks, that it fits, that the user's values win, and
+the topology check before anything loads."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import yaml
+
+from lite_verl import plan as planner
+from lite_verl.auto import MODEL_SHAPES, Gpu, card_name, check_topology, choose, plan_on
+from lite_verl.config import load_config, to_dict
+from lite_verl.errors import ConfigError
+
+QWEN_1_5B, QWEN_7B = MODEL_SHAPES["1.5b"], MODEL_SHAPES["7b"]
+
+
+def machine(
+    n: int, name: str, total: float, free: float | None = None, p2p: bool = False, cc=(8, 9)
+) -> list[Gpu]:
+    free = total - 0.4 if free is None else free  # the driver and display keep a little
+    return [
+        Gpu(i, name, total, free, tuple(j for j in range(n) if j != i) if p2p else (), cc) for i in range(n)
+    ]
+
+
+RTX4090x1 = machine(1, "NVIDIA GeForce RTX 4090", 23.99)
+RTX3090x2 = machine(2, "NVIDIA GeForce RTX 3090", 23.69)  # consumer cards: no peer access
+RTX4090x4 = machine(4, "NVIDIA GeForce RTX 4090", 23.99)
+A10x1 = machine(1, "NVIDIA A10", 22.49, cc=(8, 6))
+
+
+def qwen_dir(tmp_path, shape):
+    """A model directory holding only config.json: enough for the plan (nothing loads)."""
+    (tmp_path / "config.json").write_text(json.dumps({
+        "architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2", "hidden_size": shape.hidden,
+        "intermediate_size": shape.intermediate, "num_hidden_layers": shape.layers,
+        "num_attention_heads": shape.heads, "num_key_value_heads": shape.kv_heads, "vocab_size": shape.vocab,
+        "tie_word_embeddings": shape.tied}))  # fmt: skip
+    return tmp_path
+
+
+def fits(choice, shape) -> bool:
+    free = {g.id: g.free_gib for g in choice.gpus}
+    plans = plan_on(choice.cfg, shape, choice.gpus)
+    return bool(plans) and all(p.fits and p.peak_gib <= free[p.gpu] for p in plans)
+
+
+def test_card_names_match_the_plan_only_when_the_size_does():
+    assert card_name("NVIDIA GeForce RTX 4090", 23.99) == "RTX 4090"
+    assert card_name("NVIDIA A100-SXM4-80GB", 79.3) == "A100"
+    assert card_name("Tesla T4", 14.58) == "T4"
+    assert card_name("NVIDIA A100-PCIE-40GB", 39.4) == "NVIDIA A100-PCIE-40GB"  # not the 80 GiB A100
+    assert card_name("NVIDIA GeForce RTX 3060 Ti", 7.8) == "NVIDIA GeForce RTX 3060 Ti"
+    assert card_name("NVIDIA A10G", 22.0) == "NVIDIA A10G"
+
+
+def test_no_gpu_picks_the_laptop_preset_and_says_so():
+    choice = choose([], None, [])
+    assert choice.cfg.preset == "auto-laptop" and not choice.cfg.rollout.gpus and not choice.cfg.train.gpus
+    assert choice.lines == (
+        "auto: no CUDA GPU detected -> preset laptop: rollout (HF generate) and training on the CPU",
+    )
+
+
+def test_1_5b_on_one_4090_stays_lora_colocated(tmp_path):
+    choice = choose(RTX4090x1, None, [f"model.path={qwen_dir(tmp_path, QWEN_1_5B)}"])
+    cfg = choice.cfg
+    assert cfg.preset == "auto-4090x1" and cfg.rollout.gpus == cfg.train.gpus == (0,) and cfg.rollout.colocate
+    assert (cfg.rollout.engine, cfg.train.backend, cfg.rollout.quantization) == ("vllm", "lora", "none")
+    assert cfg.cost.gpu_models == ("RTX 4090",) and cfg.cost.price_per_hour["RTX 4090"] == 0.69
+    assert fits(choice, QWEN_1_5B)
+    assert choice.lines[0].startswith(
+        "auto: 1x NVIDIA GeForce RTX 4090 (24 GiB) -> colocated like preset 4090x1"
+    )
+    assert choice.lines[-1].startswith("auto: chose train.backend=lora, rollout.quantization=none")
+
+
+@pytest.mark.parametrize("gpus", [RTX4090x1, A10x1], ids=["4090", "A10"])
+def test_7b_on_one_24_gib_card_ends_with_qlora_and_awq(gpus, tmp_path):
+    choice = choose(gpus, None, [f"model.path={qwen_dir(tmp_path, QWEN_7B)}"])
+    cfg = choice.cfg
+    assert (cfg.train.backend, cfg.rollout.quantization) == ("qlora", "awq") and fits(choice, QWEN_7B)
+    said = "\n".join(choice.lines)
+    assert "auto: lora with unquantized rollout does not fit: GPU 0" in said
+    assert "auto: lora with AWQ rollout does not fit" in said and "use train.backend=qlora" in said
+    assert choice.lines[-1].startswith("auto: chose train.backend=qlora, rollout.quantization=awq")
+
+
+def test_two_3090_without_p2p_split_rollout_and_training():
+    choice = choose(RTX3090x2, None, [], QWEN_7B)
+    cfg = choice.cfg
+    assert cfg.preset == "auto-3090x2" and cfg.rollout.gpus == (0,) and cfg.train.gpus == (1,)
+    assert (
+        cfg.train.backend == "lora"
+        and cfg.cost.gpu_models == ("RTX 3090", "RTX 3090")
+        and fits(choice, QWEN_7B)
+    )
+    assert choice.lines[0].startswith(
+        "auto: 2x NVIDIA GeForce RTX 3090 (24 GiB, no P2P) -> split placement like preset 3090x2: vLLM on GPU 0"
+    )
+
+
+def test_four_4090_place_like_the_4090x4_preset():
+    choice = choose(RTX4090x4, None, [], QWEN_7B)
+    cfg = choice.cfg
+    assert (
+        cfg.rollout.gpus == (0, 1) and cfg.train.gpus == (2, 3) and cfg.cost.gpu_models == ("RTX 4090",) * 4
+    )
+    assert fits(choice, QWEN_7B)
+
+
+def test_the_users_set_wins_over_auto():
+    sets = ["train.micro_batch_size=2", "train.gradient_checkpointing=true", "rollout.quantization=awq"]
+    cfg = choose(RTX4090x1, None, sets, QWEN_1_5B).cfg
+    assert (cfg.train.micro_batch_size, cfg.train.gradient_checkpointing, cfg.rollout.quantization) == (
+        2,
+        True,
+        "awq",
+    )
+    assert cfg.train.backend == "lora"
+    cfg = choose(RTX3090x2, None, ["train.gpus=[0]", "rollout.gpus=[0]"], QWEN_1_5B).cfg  # colocated by hand
+    assert cfg.rollout.gpus == cfg.train.gpus == (0,)
+
+
+def test_a_config_file_wins_over_auto_too(tmp_path):
+    (tmp_path / "my.yaml").write_text("train:\n  micro_batch_size: 1\n")
+    cfg = choose(RTX4090x1, str(tmp_path / "my.yaml"), [], QWEN_1_5B).cfg
+    assert cfg.train.micro_batch_size == 1
+
+
+def test_a_pinned_knob_that_cannot_fit_is_one_error_naming_the_size_and_the_tries():
+    with pytest.raises(ConfigError, match=r"auto: a 7.6B-parameter model fits no candidate on 1x NVIDIA GeForce "
+                       r"RTX 4090 \(24 GiB\) \(tried 10 configs: train.backend lora, rollout.quantization none/awq, "
+                       r"train.gradient_checkpointing false/true, train.micro_batch_size 8/4/2/1\); the most frugal: "
+                       r"GPU 0 \(RTX 4090\) would need .*use a smaller model or more GPUs"):  # fmt: skip
+        choose(RTX4090x1, None, ["train.backend=lora"], QWEN_7B)
+    with pytest.raises(ConfigError, match=r"rollout.gpus names GPU 5, which this machine does not have"):
+        choose(RTX4090x1, None, ["train.gpus=[5]", "rollout.gpus=[5]", "cost.gpu_models=[a, b, c, d, e, f]",
+                                 "cost.price_per_hour={a: 0, f: 0}"], QWEN_1_5B)  # fmt: skip
+
+
+def test_what_is_free_now_decides_too():
+    busy = machine(1, "NVIDIA GeForce RTX 4090", 23.99, free=11.0)  # another process holds 13 GiB
+    choice = choose(busy, None, [], QWEN_1_5B)
+    assert choice.cfg.train.backend == "qlora" and fits(choice, QWEN_1_5B)
+    assert "has 11.0 GiB free but needs ~12.0 GiB" in "\n".join(choice.lines)
+
+
+def test_an_unknown_card_is_sized_by_its_measured_memory():
+    choice = choose(machine(1, "NVIDIA L40S", 44.4), None, [], QWEN_7B)
+    cfg = choice.cfg
+    assert cfg.cost.gpu_models == ("NVIDIA L40S",) and cfg.cost.price_per_hour["NVIDIA L40S"] == 0.0
+    (p,) = plan_on(cfg, QWEN_7B, choice.gpus)
+    assert p.card_gib == pytest.approx(44.4) and p.fits and cfg.train.backend == "lora"
+    assert "NVIDIA L40S" not in planner.CARD_GIB  # only while planning
+    assert any("no hourly price known for NVIDIA L40S" in line for line in choice.lines)
+
+
+def test_a_card_without_bfloat16_trains_in_float16_and_mixed_cards_use_the_largest():
+    t4 = machine(1, "Tesla T4", 14.58, cc=(7, 5))
+    assert choose(t4, None, [], QWEN_1_5B).cfg.model.dtype == "float16"
+    mixed = [*machine(4, "NVIDIA A10", 22.49, cc=(8, 6)), Gpu(4, "Tesla T4", 14.58, 14.2, (), (7, 5))]
+    choice = choose(mixed, None, [], QWEN_1_5B)
+    assert choice.cfg.train.gpus == (2, 3) and choice.cfg.model.dtype == "bfloat16"
+    assert choice.cfg.cost.gpu_models == ("A10", "A10", "A10", "A10", "T4")
+    assert any("GPU(s) 4 (Tesla T4, 15 GiB) left idle" in line for line in choice.lines)
+
+
+def test_an_auto_config_reloads_as_its_preset(tmp_path):
+    """A run's config.yaml says preset: auto-4090x1; --resume and --config load it without detecting."""
+    cfg = choose(RTX4090x1, None, [], QWEN_7B).cfg
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump(to_dict(cfg)))
+    assert load_config(None, str(tmp_path / "config.yaml")) == cfg
+
+
+def test_topology_check_names_the_missing_gpu_and_the_short_card():
+    with pytest.raises(
+        ConfigError, match=r"train.gpus names GPU 1, which this machine does not have \(GPU ids \[0\]\)"
+    ):
+        check_topology(load_config("3090x2"), QWEN_1_5B, RTX4090x1)
+    busy = machine(1, "NVIDIA GeForce RTX 4090", 23.99, free=5.0)
+    with pytest.raises(
+        ConfigError, match=r"GPU 0 \(NVIDIA GeForce RTX 4090\) has 5.0 GiB free but needs ~12.0 GiB"
+    ):
+        check_topology(load_config("4090x1"), QWEN_1_5B, busy)
+    check_topology(load_config("4090x1", None, ["trainer.plan_check=false"]), QWEN_1_5B, busy)  # try anyway
+    check_topology(load_config("4090x1"), QWEN_1_5B, RTX4090x1)
+    with pytest.raises(ConfigError, match="names GPU 0, which this machine does not have"):
+        check_topology(load_config("4090x1", None, ["trainer.plan_check=false"]), QWEN_1_5B, [])
+
+
+def test_preset_names_and_errors_mention_auto():
+    from lite_verl.preset_files import preset_path
+
+    with pytest.raises(ConfigError, match="did you mean 'auto'.*available: auto, "):
+        preset_path("atuo")
+    with pytest.raises(ConfigError, match="preset 'auto' is chosen from this machine's GPUs"):
+        load_config("auto")  # export-verl, k8s: the target machine is not this one
+
+
+def test_plan_command_with_auto_on_a_cpu_machine(capsys, monkeypatch):
+    import torch
+
+    from lite_verl.cli import main
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert main(["plan", "--preset", "auto", "--model-shape", "1.5b"]) == 0
+    out = capsys.readouterr().out
+    assert "auto: no CUDA GPU detected -> preset laptop" in out and "no GPU in this config" in out
+
+
+def test_plan_command_with_auto_on_a_fake_4090(capsys, monkeypatch):
+    from lite_verl import auto
+    from lite_verl.cli import main
+
+    monkeypatch.setattr(auto, "detect", lambda: RTX4090x1)
+    assert main(["plan", "--preset", "auto", "--model-shape", "7b", "--set", "train.micro_batch_size=4"]) == 0
+    out = capsys.readouterr().out
+    assert "auto: chose train.backend=qlora, rollout.quantization=awq" in out and "micro_batch_size=4" in out
+    assert "GPU 0 (RTX 4090, 24 GiB, 95% usable): predicted peak" in out and "-- fits" in out
+    assert main(["plan", "--preset", "auto", "--model-shape", "9b"]) == 2
+    assert "--model-shape 9b: give one of 0.5b, 1.5b" in capsys.readouterr().err
