@@ -31,11 +31,26 @@ class RolloutBatch:
     def response_lengths(self) -> torch.Tensor:  # [N]
         return self.response_mask.sum(-1)
 
+    def take(self, rows: list[int]) -> RolloutBatch:
+        idx = torch.as_tensor(rows, dtype=torch.long)
+        return replace(self, **{f.name: getattr(self, f.name)[idx] for f in fields(self)})
+
     def response_texts(self, tokenizer) -> list[str]:
         """Each row's valid response tokens decoded, special tokens (EOS) dropped. Only the masked
         tokens are decoded: padding ids need not be special tokens of every tokenizer."""
         rows = [ids[m.bool()].tolist() for ids, m in zip(self.response_ids, self.response_mask)]
         return tokenizer.batch_decode(rows, skip_special_tokens=True)
+
+
+@dataclass(frozen=True)
+class UpdateBatch:
+    """One step's input to the update (update.run_update); the controller sends it to every train rank."""
+
+    rollout: RolloutBatch
+    scores: torch.Tensor  # [N] one score per response
+    group_ids: torch.Tensor  # [N] long: which prompt of the step each response answers
+    baselines: torch.Tensor | None  # [N] ReMax: the reward of the prompt's greedy response
+    step: int  # the training step (critic.warmup_steps counts it)
 
 
 def position_ids(attention_mask: torch.Tensor) -> torch.Tensor:

@@ -73,7 +73,8 @@ class RolloutConfig:
 @dataclass(frozen=True)
 class TrainConfig:
     backend: str = "lora"  # lora | qlora | fsdp | deepspeed
-    gpus: tuple[int, ...] = ()  # local GPU ids for training; empty = CPU
+    gpus: tuple[int, ...] = ()  # local GPU ids for training, one training process (rank) each; empty = CPU
+    cpu_ranks: int = 1  # CPU training (gpus empty) in this many gloo processes: a laptop runs the maths of a len(gpus)-GPU run
     lr: float = 3e-3  # AdamW learning rate (constant); right for tiny models; ~1e-5..5e-5 for real 1B+ LoRA
     weight_decay: float = 0.0  # AdamW weight decay
     grad_clip: float = 1.0  # max global grad norm; <= 0 disables clipping

@@ -23,16 +23,19 @@ from typing import Any
 
 import torch
 
+from lite_verl.batch import UpdateBatch
 from lite_verl.config import Config
 from lite_verl.console import Progress, summary_text
 from lite_verl.cost import Ledger, bill
 from lite_verl.data.loader import PromptSampler, PromptSet, load_prompt_sets
-from lite_verl.device import cap_memory, role_device
+from lite_verl.device import role_device
 from lite_verl.errors import UserError
 from lite_verl.rewards import RewardFn, load_reward_function, score_batch
 from lite_verl.rollout.base import SamplingSettings
 from lite_verl.rundir import MetricsLog, RunDir, read_metrics, set_rng_state
-from lite_verl.update import MicroBatchSize, critic_update, make_experience, make_kl_controller, ppo_update
+from lite_verl.train.group import sharded
+from lite_verl.update import MicroBatchSize, make_kl_controller, run_update
+from lite_verl.validation import train_world
 
 MAX_SKIPPED_STEPS = 5  # non-finite losses in a row before the run stops
 
@@ -94,13 +97,12 @@ class Session:
     micro: MicroBatchSize | None = None  # train.micro_batch_size, halved after an out-of-memory
     prefetched: list[int] | None = None  # rollout.max_staleness=1: prompt rows of the rollout in flight
     reward_model: Any = None  # reward_model.OnDemandRewardModel for reward.model
+    group: Any = None  # train/group.TrainGroup when several ranks train (train.gpus / train.cpu_ranks)
 
 
 def prepare(cfg: Config) -> Session:
     """Load model, tokenizer, data and reward function; raises UserError before anything is written."""
-    from lite_verl.model import load_model, load_tokenizer, resolve_model_path
-    from lite_verl.rollout.hf import HFRolloutEngine
-    from lite_verl.train.lora import LoraBackend
+    from lite_verl.model import load_tokenizer, resolve_model_path
 
     cfg = resolve_auto(cfg)
     torch.manual_seed(cfg.trainer.seed)
@@ -108,17 +110,7 @@ def prepare(cfg: Config) -> Session:
     path = resolve_model_path(cfg.model)
     tokenizer = load_tokenizer(path, cfg.model.trust_remote_code)
     train_set, val_set = load_prompt_sets(cfg.data, tokenizer, cfg.trainer.seed)
-    device = role_device(cfg.train.gpus)
-    cap_memory(device, cfg.train.max_memory_gib)
-    if cfg.train.backend in ("fsdp", "deepspeed"):  # full fine-tuning (train/full.py)
-        from lite_verl.train.full import build_full_backend
-
-        backend = build_full_backend(cfg, path)
-    else:
-        base = load_model(path, cfg.model, device, nf4=cfg.train.backend == "qlora")
-        backend = LoraBackend(base, cfg.train, device, cfg.trainer.seed, cfg.model.fp32_lm_head)
-    if cfg.algorithm.adv_estimator == "gae":
-        backend.enable_critic(cfg.critic)
+    group, backend = _trainer(cfg, path)
     if cfg.rollout.engine == "vllm":
         from lite_verl.rollout.vllm_engine import VLLMRolloutEngine
 
@@ -127,7 +119,7 @@ def prepare(cfg: Config) -> Session:
             serve = _awq_model(cfg, path, train_set)
         engine = VLLMRolloutEngine(cfg, serve, tokenizer, backend)
     else:
-        engine = HFRolloutEngine(backend.model, tokenizer, device)
+        engine = _hf_engine(cfg, backend, tokenizer, group)
     kl_ctrl = make_kl_controller(cfg.algorithm)
     worker = None
     if cfg.reward.function and cfg.reward.isolate:
@@ -135,8 +127,9 @@ def prepare(cfg: Config) -> Session:
 
         w = cfg.reward
         worker = RewardWorker(w.function, w.timeout_s, w.on_error, w.default_score)
-    micro = MicroBatchSize(cfg.train.micro_batch_size)
+    micro = MicroBatchSize(cfg.train.micro_batch_size, lockstep=group is not None and sharded(cfg))
     session = Session(cfg, tokenizer, backend, engine, train_set, val_set, reward_fn, kl_ctrl, worker, micro)
+    session.group = group
     if cfg.reward.model:
         from lite_verl.reward_model import OnDemandRewardModel
 
@@ -144,6 +137,34 @@ def prepare(cfg: Config) -> Session:
             Path(cfg.reward.model), cfg.reward.device, cfg.reward.keep_alive_s
         )
     return session
+
+
+def _trainer(cfg: Config, path: Path) -> tuple[Any, Any]:
+    """-> (TrainGroup or None, backend): one process, or rank 0 of several with its followers started
+    (train/group.py); rank 0's backend then announces what needs every rank."""
+    from lite_verl.train.group import GroupBackend, TrainGroup, build_trainer
+
+    world = train_world(cfg)
+    device = role_device(cfg.train.gpus)
+    if world == 1:
+        return None, build_trainer(cfg, path, device, world)
+    group = TrainGroup.start(cfg, path)
+    try:
+        with group.guard():
+            return group, GroupBackend(build_trainer(cfg, path, device, world), group)
+    except BaseException:
+        group.close()
+        raise
+
+
+def _hf_engine(cfg: Config, backend: Any, tokenizer: Any, group: Any) -> Any:
+    """transformers generate with the trained model; over a sharded trainer every rank generates."""
+    from lite_verl.rollout.hf import HFRolloutEngine
+    from lite_verl.train.group import LockstepEngine
+
+    lockstep = group is not None and sharded(cfg)
+    engine = HFRolloutEngine(backend.model, tokenizer, role_device(cfg.train.gpus), synced=lockstep)
+    return LockstepEngine(engine, group) if lockstep else engine
 
 
 def resolve_auto(cfg: Config) -> Config:
@@ -274,20 +295,11 @@ def train_step(session: Session, sampler: PromptSampler, step: int, ledger: Ledg
         texts = rollout.response_texts(session.tokenizer)
         scores = score(session, rows_idx, session.train_set, texts, r.n)
     t2 = time.perf_counter()
-    group_ids = [i for i in range(len(rows_idx)) for _ in range(r.n)]
-    micro = session.micro
-    assert micro is not None
-    rows_per_mini = (a.ppo_mini_batch_size or cfg.trainer.batch_size) * r.n
+    group_ids = torch.arange(len(rows_idx)).repeat_interleave(r.n)
     if hasattr(session.engine, "sleep"):
         session.engine.sleep()  # colocated vLLM frees its KV cache for the trainer
-    with ledger.busy_on("train"):
-        exp, metrics = make_experience(
-            session.backend, rollout, scores, group_ids, a, session.kl_ctrl, micro, r.temperature, baselines
-        )
-        if exp.values is not None:
-            metrics.update(critic_update(session.backend, exp, a, cfg.critic, rows_per_mini, micro))
-        if step > cfg.critic.warmup_steps or exp.values is None:
-            metrics.update(ppo_update(session.backend, exp, a, rows_per_mini, micro, r.temperature))
+    with ledger.busy_on("train"):  # billed on every train GPU
+        metrics = train_update(session, UpdateBatch(rollout, scores, group_ids, baselines, step))
     t3 = time.perf_counter()
     train_span = (time.time() - (t3 - t2), time.time())
     sync_s = session.engine.sync_weights(step)  # with a rollout in flight: waits for it, then loads
@@ -297,7 +309,7 @@ def train_step(session: Session, sampler: PromptSampler, step: int, ledger: Ledg
         overlap["perf/overlap_s"] = max(0.0, min(span[1], train_span[1]) - max(span[0], train_span[0]))
     metrics.update(overlap)
     metrics.update(_rollout_metrics(rollout, scores))
-    metrics["train/micro_batch_size"] = float(micro.value)
+    metrics["train/micro_batch_size"] = float(session.micro.value)
     device = getattr(session.backend, "device", None)
     if isinstance(device, torch.device) and device.type == "cuda":  # the trainer's peak this step
         metrics["perf/train_peak_gib"] = torch.cuda.max_memory_allocated(device) / 2**30
@@ -315,6 +327,20 @@ def train_step(session: Session, sampler: PromptSampler, step: int, ledger: Ledg
         }
     )
     return metrics
+
+
+def train_update(session: Session, batch: UpdateBatch) -> dict[str, float]:
+    """The step's update; with several train ranks every rank runs it on its share of the rows."""
+    micro = session.micro
+    assert micro is not None
+    if session.group is None:
+        return run_update(session.backend, batch, session.cfg, session.kl_ctrl, micro)
+    group = session.group
+    return group.update(
+        batch,
+        session.kl_ctrl.value,
+        lambda: run_update(session.backend.local, batch, session.cfg, session.kl_ctrl, micro, group.ranks),
+    )
 
 
 def _rollout_metrics(rollout, scores: torch.Tensor) -> dict[str, float]:
@@ -368,6 +394,8 @@ def run_training(session: Session, run: RunDir, resume: bool = False) -> dict[st
             session.engine.close()
         if session.reward_model is not None:
             session.reward_model.release()
+        if session.group is not None:
+            session.group.close()
     return _finish(session, run, ledger)
 
 

@@ -1,7 +1,10 @@
 """From rollout to gradient: rewards on tokens, KL, advantages, and the PPO actor and critic updates.
 
 The update owns micro-batching: each micro-batch's loss is normalised by the token (or sequence)
-count of its whole mini-batch, so micro_batch_size changes memory, never the gradient.
+count of its whole mini-batch, so micro_batch_size changes memory, never the gradient. Several
+training ranks (train/group.py) split rows the same way: each rank holds the whole batch, computes its
+block of rows (`Ranks`, train/dist.py) with the whole mini-batch's counts, and the ranks' gradients and
+metric sums are summed; so the number of ranks, like micro_batch_size, never changes the maths.
 """
 
 from __future__ import annotations
@@ -15,9 +18,10 @@ from typing import TypeVar
 import torch
 
 from lite_verl import algos
-from lite_verl.batch import Experience, RolloutBatch
-from lite_verl.config import AlgorithmConfig, CriticConfig
+from lite_verl.batch import Experience, RolloutBatch, UpdateBatch
+from lite_verl.config import AlgorithmConfig, Config, CriticConfig
 from lite_verl.errors import UserError
+from lite_verl.train.dist import ONE_RANK, Ranks
 
 T = TypeVar("T")
 
@@ -25,11 +29,16 @@ T = TypeVar("T")
 class MicroBatchSize:
     """train.micro_batch_size as the run goes: halved (for the rest of the run) after an out-of-memory.
 
-    Halving changes only how a mini-batch is split, so the maths stays the same.
+    Halving changes only how a mini-batch is split, so the maths stays the same. With several ranks
+    each keeps its own size: what is retried is local work only (gathers, gradient sums and metric
+    reductions come after it), so a LoRA rank that halves meets the others at the next collective.
+    A sharded backend over several ranks (lockstep=True) gathers weights inside every forward: a rank
+    stopping mid-forward would leave the others waiting in a collective, so its OOM is an error.
     """
 
-    def __init__(self, size: int) -> None:
+    def __init__(self, size: int, lockstep: bool = False) -> None:
         self.value = size
+        self.lockstep = lockstep
 
     def retry_on_oom(self, fn: Callable[[int], T], zero_grad: Callable[[], None]) -> T:
         """Run fn(micro); on OOM clear the partial gradients, halve and run it again."""
@@ -40,14 +49,23 @@ class MicroBatchSize:
                 zero_grad()
                 if torch.cuda.is_available():
                     torch.cuda.empty_cache()
-                if self.value == 1:
-                    raise UserError(
-                        "out of memory with train.micro_batch_size=1; lower rollout.max_new_tokens, set "
-                        "train.gradient_checkpointing=true or use a smaller model"
-                    ) from None
+                if self.value == 1 or self.lockstep:
+                    raise UserError(self._oom_message()) from None
                 self.value //= 2
                 print(f"lite-verl: warning: out of memory; train.micro_batch_size halved to {self.value}, retrying",
                       file=sys.stderr, flush=True)  # fmt: skip
+
+    def _oom_message(self) -> str:
+        if self.value > 1:
+            return (
+                f"out of memory with train.micro_batch_size={self.value}; fsdp/deepspeed over several train "
+                f"ranks cannot halve it mid-step (the other ranks wait in a collective): set "
+                f"train.micro_batch_size={self.value // 2}"
+            )
+        return (
+            "out of memory with train.micro_batch_size=1; lower rollout.max_new_tokens, set "
+            "train.gradient_checkpointing=true or use a smaller model"
+        )
 
 
 def token_level_rewards(scores: torch.Tensor, response_mask: torch.Tensor) -> torch.Tensor:
@@ -126,26 +144,30 @@ def make_experience(
     micro: MicroBatchSize,
     temperature: float,
     baselines: torch.Tensor | None = None,
+    ranks: Ranks = ONE_RANK,
 ) -> tuple[Experience, dict[str, float]]:
     """Old/reference log-probs, values, token rewards (with in-reward KL), advantages, IS weights.
 
     Old log-probs are recomputed by the trainer unless the update is a single on-policy step with
-    nothing else needing them: then they equal the first forward of the update, detached.
+    nothing else needing them: then they equal the first forward of the update, detached. With several
+    ranks each computes its block of rows and gathers the rest (W times less compute than every rank
+    doing all rows); everything after that is cheap and computed whole, identically, on every rank.
     """
     mask = rollout.response_mask.float()
     on_policy = cfg.ppo_epochs == 1 and cfg.ppo_mini_batch_size == 0
     need_old = not on_policy or cfg.use_kl_in_reward or cfg.rollout_correction != "none"
     need_ref = cfg.use_kl_loss or cfg.use_kl_in_reward
+    mine = rollout.take(ranks.share(mask.shape[0])) if ranks.world > 1 else rollout
 
     def forward(m: int, reference: bool) -> torch.Tensor:
-        return batched_log_probs(backend, rollout, m, temperature, reference=reference)
+        return batched_log_probs(backend, mine, m, temperature, reference=reference)
 
-    nothing = backend.zero_grad
-    old = micro.retry_on_oom(lambda m: forward(m, False), nothing) if need_old else None
-    ref = micro.retry_on_oom(lambda m: forward(m, True), nothing) if need_ref else None
-    values = None
-    if cfg.adv_estimator == "gae":
-        values = micro.retry_on_oom(lambda m: batched_values(backend, rollout, m), nothing)
+    def all_rows(fn: Callable[[int], torch.Tensor]) -> torch.Tensor:
+        return ranks.gather(micro.retry_on_oom(fn, backend.zero_grad))
+
+    old = all_rows(lambda m: forward(m, False)) if need_old else None
+    ref = all_rows(lambda m: forward(m, True)) if need_ref else None
+    values = all_rows(lambda m: batched_values(backend, mine, m)) if cfg.adv_estimator == "gae" else None
     metrics: dict[str, float] = {}
     rewards = token_level_rewards(scores, mask)
     if cfg.use_kl_in_reward:
@@ -188,6 +210,23 @@ def _micro_batches(mb: Experience, micro: int) -> list[Experience]:
     return [mb.take(list(range(s, min(s + micro, mb.num_rows)))) for s in range(0, mb.num_rows, micro)]
 
 
+def run_update(
+    backend, batch: UpdateBatch, cfg: Config, kl_ctrl, micro: MicroBatchSize, ranks: Ranks = ONE_RANK
+) -> dict[str, float]:
+    """One step's update on every rank alike: experience, then the critic's and the actor's updates."""
+    a = cfg.algorithm
+    exp, metrics = make_experience(
+        backend, batch.rollout, batch.scores, batch.group_ids.tolist(), a, kl_ctrl, micro,
+        cfg.rollout.temperature, batch.baselines, ranks,
+    )  # fmt: skip
+    rows_per_mini = (a.ppo_mini_batch_size or cfg.trainer.batch_size) * cfg.rollout.n
+    if exp.values is not None:
+        metrics.update(critic_update(backend, exp, a, cfg.critic, rows_per_mini, micro, ranks))
+    if batch.step > cfg.critic.warmup_steps or exp.values is None:
+        metrics.update(ppo_update(backend, exp, a, rows_per_mini, micro, cfg.rollout.temperature, ranks))
+    return metrics
+
+
 def ppo_update(
     backend,
     exp: Experience,
@@ -195,15 +234,25 @@ def ppo_update(
     rows_per_mini: int,
     micro: MicroBatchSize,
     temperature: float,
+    ranks: Ranks = ONE_RANK,
 ) -> dict[str, float]:
     """cfg.ppo_epochs passes; one optimizer step per mini-batch; gradient accumulation over micro-batches."""
     backend.train_mode(True)
+
+    def step(out: dict[str, float]) -> dict[str, float]:
+        norm = backend.step()
+        ok = math.isfinite(norm) and math.isfinite(out["actor/loss"])
+        return {"actor/grad_norm": norm, "actor/skipped_step": 0.0 if ok else 1.0}
+
     out = _each_mini_batch(
-        exp, cfg.ppo_epochs, rows_per_mini, micro, backend.zero_grad,
-        lambda mb, m: _actor_step(backend, mb, cfg, m, temperature),
+        exp, cfg.ppo_epochs, rows_per_mini, micro, backend.zero_grad, ranks,
+        lambda mb, m, norm: _actor_grads(backend, mb, cfg, m, temperature, norm), step,
     )  # fmt: skip
     out["actor/skipped_step"] = float(out["actor/skipped_step"] > 0)
     return out
+
+
+Norm = dict[str, float]  # global_tokens, global_seqs: the whole mini-batch's counts (algos.agg_loss)
 
 
 def _each_mini_batch(
@@ -212,30 +261,44 @@ def _each_mini_batch(
     rows_per_mini: int,
     micro: MicroBatchSize,
     zero_grad: Callable[[], None],
-    step: Callable[[Experience, int], dict[str, float]],
+    ranks: Ranks,
+    grads: Callable[[Experience, int, Norm], dict[str, float]],
+    step: Callable[[dict[str, float]], dict[str, float]],
 ) -> dict[str, float]:
-    """Run `step(mini_batch, micro_batch_size)` over epochs x mini-batches (retried with a halved
-    micro-batch after an out-of-memory); the mean of each metric."""
+    """Over epochs x mini-batches: `grads(this rank's rows, micro_batch_size, norm)` accumulates the
+    gradients and metric sums (local work, retried with a halved micro-batch after an out-of-memory),
+    the ranks' metric sums are added up, and `step(metrics)` steps (summing the ranks' gradients first)
+    and returns its own metrics. -> the mean of each metric over the mini-batches."""
     sums: dict[str, float] = defaultdict(float)
     steps = 0
     for _ in range(epochs):
         for rows in _mini_batches(exp.num_rows, rows_per_mini):
             mb = exp.take(rows)
-            for k, v in micro.retry_on_oom(lambda m, mb=mb: step(mb, m), zero_grad).items():
+            norm = {
+                "global_tokens": max(float(mb.response_mask.sum()), 1.0),
+                "global_seqs": float(mb.num_rows),
+            }
+            mine = mb.take(ranks.share(mb.num_rows)) if ranks.world > 1 else mb
+            out = ranks.reduce(
+                micro.retry_on_oom(lambda m, mine=mine, norm=norm: grads(mine, m, norm), zero_grad)
+            )
+            out.update(step(out))
+            for k, v in out.items():
                 sums[k] += v
             steps += 1
     return {k: v / steps for k, v in sums.items()}
 
 
-def _actor_step(
-    backend, mb: Experience, cfg: AlgorithmConfig, micro: int, temperature: float
+def _actor_grads(
+    backend, mb: Experience, cfg: AlgorithmConfig, micro: int, temperature: float, norm: Norm
 ) -> dict[str, float]:
-    tokens = float(mb.response_mask.sum())
-    norm = {"global_tokens": max(tokens, 1.0), "global_seqs": float(mb.num_rows)}
+    """Forward/backward over mb's micro-batches; metric sums weighted to add up over micro-batches
+    and ranks to the whole mini-batch's values."""
+    tokens = norm["global_tokens"]
     out: dict[str, float] = defaultdict(float)
     for m in _micro_batches(mb, micro):
         mask = m.response_mask.to(backend.device)
-        share = float(m.response_mask.sum()) / max(tokens, 1.0)  # weight of token-mean metrics
+        share = float(m.response_mask.sum()) / tokens  # weight of token-mean metrics
         log_prob, entropy = backend.forward(
             m.input_ids, m.attention_mask, m.response_length, temperature, True
         )
@@ -261,11 +324,8 @@ def _actor_step(
             out[f"actor/{k}"] += float(v) * share
         if m.old_log_probs is None:  # on-policy: this forward is the trainer's view of the rollout
             gap = (log_prob.detach().float().cpu() - m.rollout_log_probs).abs() * m.response_mask
-            out["rollout/logprob_gap_mean"] += float(gap.sum()) / max(tokens, 1.0)
+            out["rollout/logprob_gap_mean"] += float(gap.sum()) / tokens
             out["rollout/logprob_gap_max"] = max(out["rollout/logprob_gap_max"], float(gap.max()))
-    grad_norm = backend.step()
-    out["actor/grad_norm"] = grad_norm
-    out["actor/skipped_step"] = 0.0 if math.isfinite(grad_norm) and math.isfinite(out["actor/loss"]) else 1.0
     return dict(out)
 
 
@@ -276,12 +336,14 @@ def critic_update(
     critic: CriticConfig,
     rows_per_mini: int,
     micro: MicroBatchSize,
+    ranks: Ranks = ONE_RANK,
 ) -> dict[str, float]:
     """The value loss on the same mini-batches as the actor, with the critic's own optimizer."""
     with backend.critic_mode():
         out = _each_mini_batch(
-            exp, cfg.ppo_epochs, rows_per_mini, micro, backend.zero_critic_grad,
-            lambda mb, m: _critic_step(backend, mb, cfg, critic, m),
+            exp, cfg.ppo_epochs, rows_per_mini, micro, backend.zero_critic_grad, ranks,
+            lambda mb, m, norm: _critic_grads(backend, mb, cfg, critic, m, norm),
+            lambda _: {"critic/grad_norm": backend.critic_step()},
         )  # fmt: skip
     mask = exp.response_mask
     assert exp.values is not None and exp.returns is not None
@@ -290,10 +352,9 @@ def critic_update(
     return out
 
 
-def _critic_step(
-    backend, mb: Experience, cfg: AlgorithmConfig, critic: CriticConfig, micro: int
+def _critic_grads(
+    backend, mb: Experience, cfg: AlgorithmConfig, critic: CriticConfig, micro: int, norm: Norm
 ) -> dict[str, float]:
-    norm = {"global_tokens": max(float(mb.response_mask.sum()), 1.0), "global_seqs": float(mb.num_rows)}
     out: dict[str, float] = defaultdict(float)
     dev = backend.device
     for m in _micro_batches(mb, micro):
@@ -307,5 +368,4 @@ def _critic_step(
         share = float(m.response_mask.sum()) / norm["global_tokens"]
         out["critic/vf_loss"] += float(loss.detach())
         out["critic/vf_clipfrac"] += float(clipfrac) * share
-    out["critic/grad_norm"] = backend.critic_step()
     return dict(out)

@@ -70,6 +70,7 @@ def validate_config(cfg: Config) -> None:
     _check_algorithm(cfg)
     _check_reward_trainer(cfg)
     _check_full_finetuning(cfg)
+    _check_train_ranks(cfg)
     _check_placement(cfg)
     _check_cost(cfg)
     _check_not_built(cfg)
@@ -237,11 +238,6 @@ def _check_full_finetuning(cfg: Config) -> None:
             f"sync.mode=adapter: train.backend={t.backend} trains every weight and has no adapter to push; "
             "set sync.mode=merged"
         )
-    if len(t.gpus) > 1:
-        raise ConfigError(
-            f"train.gpus {list(t.gpus)}: train.backend={t.backend} runs as one process in lite-verl 0.1 "
-            "(the one-process-per-GPU launcher is not built); give one train GPU"
-        )
     if t.backend == "fsdp" and t.offload_params != t.offload_optimizer:
         raise ConfigError(
             "train.offload_params and train.offload_optimizer differ: FSDP2 offloads weights, gradients and "
@@ -256,6 +252,36 @@ def _check_full_finetuning(cfg: Config) -> None:
         raise ConfigError(
             f"rollout.quantization=awq with train.backend={t.backend}: the AWQ model folds its scales into the "
             "norm weights, which full fine-tuning changes too; use rollout.quantization=none"
+        )
+
+
+def train_world(cfg: Config) -> int:
+    """Training processes (ranks): one per train GPU, or train.cpu_ranks on the CPU (train/group.py)."""
+    return len(cfg.train.gpus) or cfg.train.cpu_ranks
+
+
+def _check_train_ranks(cfg: Config) -> None:
+    """Several ranks split every mini-batch's rows evenly: each runs the same number of forward and
+    backward passes, which FSDP2 and ZeRO-3 need (their collectives must pair up across ranks)."""
+    t, a, r = cfg.train, cfg.algorithm, cfg.rollout
+    _positive("train.cpu_ranks", t.cpu_ranks)
+    if t.cpu_ranks > 1 and t.gpus:
+        raise ConfigError(
+            f"train.cpu_ranks={t.cpu_ranks} applies to CPU training; with train.gpus {list(t.gpus)} there is "
+            "one rank per train GPU: set train.cpu_ranks=1"
+        )
+    world = train_world(cfg)
+    key, prompts = (
+        ("algorithm.ppo_mini_batch_size", a.ppo_mini_batch_size)
+        if a.ppo_mini_batch_size
+        else ("trainer.batch_size", cfg.trainer.batch_size)
+    )
+    rows = prompts * r.n
+    if rows % world:
+        ranks = f"train.gpus {list(t.gpus)}" if t.gpus else f"train.cpu_ranks={t.cpu_ranks}"
+        raise ConfigError(
+            f"{key}={prompts} x rollout.n={r.n} = {rows} responses per optimizer step do not split evenly over "
+            f"the {world} training ranks of {ranks}; make {key} x rollout.n a multiple of {world}"
         )
 
 

@@ -57,14 +57,15 @@ def _loss(log_probs: torch.Tensor, adv: torch.Tensor) -> torch.Tensor:
     return -(log_probs * adv[:, None]).mean()
 
 
-def _train(backend, steps: int) -> tuple[list[torch.Tensor], list[float]]:
-    """Log-probs [4, R] before each step and after the last; grad norms of each step."""
+def _train(backend, steps: int, rows: slice = slice(0, 4)) -> tuple[list[torch.Tensor], list[float]]:
+    """Log-probs [4, R] before each step and after the last; grad norms of each step. `rows`: the rows
+    this rank back-propagates, normalised by the whole batch (as update.py does with several ranks)."""
     ids, mask, adv = _batch()
     backend.train_mode(True)
     lps, norms = [], []
     for _ in range(steps):
-        lp, _ = backend.forward(ids, mask, R, 1.0)
-        backend.backward(_loss(lp, adv))
+        lp, _ = backend.forward(ids[rows], mask[rows], R, 1.0)
+        backend.backward(-(lp * adv[rows, None]).sum() / (len(adv) * R))  # _loss's mean over the whole batch
         norms.append(backend.step())
         lps.append(lp.detach())
     with torch.no_grad():
@@ -294,7 +295,7 @@ def test_loading_a_lora_checkpoint_names_the_problem(tmp_path):
         ([*FULL, "train.backend=fsdp", "model.dtype=float16"], "use model.dtype=bfloat16"),
         ([*FULL, "train.backend=fsdp", "rollout.engine=vllm", "rollout.quantization=awq"],
          "use rollout.quantization=none"),
-        ([*FULL, "train.backend=deepspeed", "train.gpus=[0,1]", "rollout.gpus=[0,1]"], "give one train GPU"),
+        ([*FULL, "train.backend=deepspeed", "train.cpu_ranks=3"], "do not split evenly over the 3 training ranks"),
         ([*FULL, "train.backend=fsdp", "algorithm.adv_estimator=gae"], "algorithm.adv_estimator=gae needs a critic"),
     ],
 )  # fmt: skip
@@ -341,11 +342,13 @@ def test_missing_deepspeed_is_one_line_with_the_install_command(monkeypatch):
 
 # --- two ranks ----------------------------------------------------------------------------------------
 def _rank_main(out: str) -> None:
-    """One of two gloo ranks (started by the test below): two steps, then the gathered weights."""
+    """One of two gloo ranks (started by the test below): two steps on its half of the batch (the
+    ranks' gradients are summed), then the gathered weights."""
+    rank = int(os.environ["RANK"])
     b, _ = _backend("fsdp")
-    lps, norms = _train(b, 2)
+    lps, norms = _train(b, 2, slice(2 * rank, 2 * rank + 2))
     merged = [(n, t.sum().item()) for bucket in b.merged_weight_buckets(2**20, "float32") for n, t in bucket]
-    if int(os.environ["RANK"]) == 0:
+    if rank == 0:
         Path(out).write_text(json.dumps({"lps": lps[-1].tolist(), "norms": norms, "merged": merged,
                                          "local_bytes": b.parameter_bytes()}))  # fmt: skip
     import torch.distributed as dist
@@ -356,8 +359,8 @@ def _rank_main(out: str) -> None:
 
 @pytest.mark.slow
 def test_two_ranks_shard_and_agree_with_one(tmp_path):
-    """FSDP2 over two processes (what a launcher would start, one per train GPU): each holds half the
-    weights, and on the same batch they compute what one process does."""
+    """FSDP2 over two processes started by a launcher (torchrun's environment): each holds half the
+    weights and back-propagates half the batch, and together they compute what one process does."""
     from lite_verl.train.dist import free_port
 
     port, out = free_port(), tmp_path / "rank0.json"

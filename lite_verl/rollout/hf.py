@@ -35,9 +35,17 @@ def response_mask_after_eos(response_ids: torch.Tensor, eos_ids: set[int]) -> to
 
 class HFRolloutEngine:
     def __init__(
-        self, model: torch.nn.Module, tokenizer, device: torch.device, chunk_size: int = 256
+        self,
+        model: torch.nn.Module,
+        tokenizer,
+        device: torch.device,
+        chunk_size: int = 256,
+        synced: bool = False,
     ) -> None:
         self.model = model
+        # a model sharded over several ranks (train/group.py) generates on all of them at once: every
+        # forward gathers weights collectively, so each rank keeps stepping until all have finished
+        self.synced = synced
         self.tokenizer = tokenizer
         self.device = device
         self.chunk_size = chunk_size  # rows per generate call (memory bound)
@@ -75,6 +83,7 @@ class HFRolloutEngine:
             pad_token_id=self.pad_id,
             output_logits=True,
             return_dict_in_generate=True,
+            synced_gpus=self.synced,
         )
         response_ids = out.sequences[:, prompt_ids.shape[1] :].cpu()
         # one step at a time: stacking would copy [B, R, V], which a 150k vocabulary cannot afford

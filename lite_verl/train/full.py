@@ -6,9 +6,11 @@ Every weight trains, so there is no adapter: the rollout engine gets the whole m
 the HF engine generates with the trained module itself). `FullBackend` is what the loop sees, with the
 methods of LoraBackend; how the weights are sharded is a small strategy object it holds (`FSDPSharding`
 in train/fsdp.py, `ZeroSharding` in train/zero3.py). Both shard over the torch.distributed group of
-train/dist.py: one process now, one per train GPU once a launcher exists. With several ranks, every rank
-runs forward/backward/step, merged_weight_buckets and save in lockstep (they gather collectively); only
-rank 0 would push the buckets to the rollout engine and write files.
+train/dist.py: one process, or one per train GPU (train/group.py). With several ranks, every rank runs
+forward/backward/step, merged_weight_buckets and save in lockstep (they gather collectively); only rank 0
+pushes the buckets to the rollout engine and writes files. Each rank back-propagates its share of a
+mini-batch, normalised by the whole mini-batch's counts, so the loss is multiplied by W to turn the
+sharding's gradient average into the sum (train/dist.py).
 
 Memory per train GPU (P parameters, world size W, b bytes per element of model.dtype):
 * fsdp: fp32 master weights 4P/W, fp32 gradients 4P/W, AdamW m and v 8P/W; with train.offload_params
@@ -118,8 +120,10 @@ class FullBackend:
         cfg: TrainConfig,
         device: torch.device,
         load_reference: Callable[[], Callable[..., Any]],
+        world: int = 1,
     ) -> None:
         self.sharding = sharding
+        self.world = world  # ranks: FSDP2 / ZeRO-3 average gradients over them; update.py wants the sum
         self.model = sharding.model
         self.device = device
         self.grad_clip = cfg.grad_clip
@@ -168,7 +172,7 @@ class FullBackend:
         self.sharding.zero_grad()
 
     def backward(self, loss: torch.Tensor) -> None:
-        self.sharding.backward(loss)
+        self.sharding.backward(loss * self.world if self.world > 1 else loss)
 
     def step(self) -> float:
         """Clip, step, zero the gradients. Returns the pre-clip global grad norm (non-finite: no step)."""
@@ -306,19 +310,20 @@ def load_full_model(cfg: Config, model_dir: Path, dtype: str) -> torch.nn.Module
     return prepare_model(model, fp32_head, cfg.train.gradient_checkpointing)
 
 
-def build_full_backend(cfg: Config, model_dir: Path) -> FullBackend:
-    """train.backend=fsdp|deepspeed on this rank's train device, over the process group of train/dist.py."""
+def build_full_backend(cfg: Config, model_dir: Path, device: torch.device | None = None) -> FullBackend:
+    """train.backend=fsdp|deepspeed on `device` (default: this rank's train device), over the process
+    group of train/dist.py."""
     from lite_verl.train.dist import ensure_process_group, train_device
 
-    device = train_device(cfg.train.gpus)
-    ensure_process_group(device)
+    device = device or train_device(cfg.train.gpus)
+    _, world = ensure_process_group(device)
     model = load_full_model(cfg, model_dir, "float32")  # fp32 masters; compute in model.dtype
     if cfg.train.backend == "deepspeed":
         from lite_verl.train.zero3 import ZeroSharding, zero_reference
 
         zero = ZeroSharding(model, cfg, device, model_dir)
-        return FullBackend(zero, cfg.train, device, lambda: zero_reference(cfg, model_dir))
+        return FullBackend(zero, cfg.train, device, lambda: zero_reference(cfg, model_dir, device), world)
     from lite_verl.train.fsdp import FSDPSharding, fsdp_reference
 
     fsdp = FSDPSharding(model, cfg, device, model_dir)
-    return FullBackend(fsdp, cfg.train, device, lambda: fsdp_reference(cfg, model_dir, fsdp.mesh))
+    return FullBackend(fsdp, cfg.train, device, lambda: fsdp_reference(cfg, model_dir, fsdp.mesh), world)

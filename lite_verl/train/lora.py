@@ -15,6 +15,7 @@ from lite_verl.batch import position_ids
 from lite_verl.config import CriticConfig, TrainConfig
 from lite_verl.errors import ConfigError
 from lite_verl.tensorfile import FlatFileWriter
+from lite_verl.train.dist import sum_gradients
 from lite_verl.train.head import response_log_probs
 
 
@@ -123,6 +124,7 @@ class LoraBackend:
 
     def critic_step(self) -> float:
         assert self.critic_optimizer is not None
+        sum_gradients(self.critic_params)  # several ranks: each holds its rows' share (train/dist.py)
         max_norm = self.grad_clip if self.grad_clip > 0 else math.inf
         norm = float(torch.nn.utils.clip_grad_norm_(self.critic_params, max_norm))
         if math.isfinite(norm):
@@ -174,7 +176,9 @@ class LoraBackend:
         loss.backward()
 
     def step(self) -> float:
-        """Clip, step. Returns the pre-clip global grad norm; skips the step when it is not finite."""
+        """Sum the ranks' gradients (train/dist.py; nothing with one rank), clip, step. Returns the pre-clip
+        global grad norm; skips the step when it is not finite (every rank sees the same norm)."""
+        sum_gradients(self.params)
         max_norm = self.grad_clip if self.grad_clip > 0 else math.inf
         norm = float(torch.nn.utils.clip_grad_norm_(self.params, max_norm))
         if math.isfinite(norm):

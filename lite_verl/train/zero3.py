@@ -77,7 +77,7 @@ class ZeroSharding:
         deepspeed = require_deepspeed(device.type == "cuda")
         params = [p for p in model.parameters() if p.requires_grad]
         self.engine, *_ = deepspeed.initialize(
-            model=model, model_parameters=params, config=deepspeed_config(cfg)
+            args=device_args(device), model=model, model_parameters=params, config=deepspeed_config(cfg)
         )
         self.model = self.engine.module
         self.forward_module = self.engine  # its forward keeps DeepSpeed's micro-step bookkeeping
@@ -133,7 +133,15 @@ class ZeroSharding:
         self.engine.load_checkpoint(str(directory / "deepspeed"), tag=TAG, load_lr_scheduler_states=False)
 
 
-def zero_reference(cfg: Config, model_dir: Path):
+def device_args(device: torch.device) -> Any:
+    """DeepSpeed puts its engine on cuda:LOCAL_RANK unless args.device_rank names the GPU: this rank's
+    train GPU (train.gpus [2, 3] -> 2 and 3). None on the CPU (its accelerator has one device)."""
+    from types import SimpleNamespace
+
+    return SimpleNamespace(device_rank=device.index) if device.type == "cuda" else None
+
+
+def zero_reference(cfg: Config, model_dir: Path, device: torch.device):
     """The frozen initial policy in model.dtype, partitioned by ZeRO-3 (in host memory with
     offload_params); returns the engine, which the reference forward calls."""
     from lite_verl.train.full import load_full_model
@@ -142,5 +150,7 @@ def zero_reference(cfg: Config, model_dir: Path):
     model = load_full_model(cfg, model_dir, cfg.model.dtype)
     model.requires_grad_(False)
     model.eval()
-    engine, *_ = deepspeed.initialize(model=model, config=deepspeed_config(cfg, optimizer=False))
+    engine, *_ = deepspeed.initialize(
+        args=device_args(device), model=model, config=deepspeed_config(cfg, optimizer=False)
+    )
     return engine
