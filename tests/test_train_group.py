@@ -5,6 +5,7 @@ one line naming the rank and leaves no process behind; a batch that does not spl
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import signal
@@ -22,7 +23,7 @@ from lite_verl.errors import ConfigError
 
 TESTS = Path(__file__).resolve().parent
 # two mini-batches of 8 responses, two epochs: several optimizer steps, old log-probs recomputed
-STEPS = [*SMALL, "train.micro_batch_size=2", "algorithm.ppo_mini_batch_size=2", "algorithm.ppo_epochs=2"]
+STEPS = [*SMALL, "train.micro_batch_size=4", "algorithm.ppo_mini_batch_size=2", "algorithm.ppo_epochs=2"]
 COMPARED = [
     "actor/loss",
     "actor/pg_loss",
@@ -73,8 +74,8 @@ def _assert_same_update(one, two, keys: list[str]) -> None:
     assert len(t1) == len(t2)
     gap = max(float((a - b).abs().max()) for a, b in zip(t1, t2))
     print(f"max |2 ranks - 1 rank| over the trained tensors: {gap:.2e}")
-    # float addition order only: AdamW's 8 steps amplify it (micro_batch_size 2 -> 1 alone moves the
-    # LoRA run by 9e-6); a wrong normalisation or an averaged gradient moves weights by ~1e-3
+    # float addition order only, which AdamW's 8 steps amplify (a micro_batch_size change alone moves
+    # the LoRA run by ~1e-5); a wrong normalisation or an averaged gradient moves weights by ~1e-3
     assert gap < 5e-5
 
 
@@ -93,6 +94,46 @@ def test_two_fsdp_ranks_update_like_one(tmp_path):
     two = _one_step(2, *extra, save=tmp_path)
     assert (tmp_path / "model" / "model.safetensors").is_file() and (tmp_path / "optimizer.pt").is_file()
     _assert_same_update(_one_step(1, *extra), two, COMPARED)
+
+
+def _step_in_a_process(
+    tmp_path: Path, ranks: int, *extra: str
+) -> tuple[dict[str, float], list[torch.Tensor]]:
+    """_one_step in a fresh interpreter: DeepSpeed caches the process group it first saw, so it cannot
+    follow a group re-made in one process (the CLI makes one per process)."""
+    out = tmp_path / f"step{ranks}.pt"
+    code = (f"import sys; sys.path.insert(0, {str(TESTS)!r}); import torch, test_train_group as t\n"
+            f"if __name__ == '__main__': torch.save(t._one_step({ranks}, *{list(extra)!r}), {str(out)!r})")  # fmt: skip
+    env = {**os.environ, "PYTHONWARNINGS": "ignore"}
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600, env=env)
+    assert run.returncode == 0, run.stderr[-3000:]
+    return torch.load(out, weights_only=False)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(importlib.util.find_spec("deepspeed") is None, reason="deepspeed is not installed")
+def test_two_deepspeed_ranks_update_like_one(tmp_path):
+    """ZeRO-3 partitioned over two ranks (its gradient average undone by the loss x W)."""
+    extra = ["train.backend=deepspeed", "sync.mode=merged"]
+    one, two = _step_in_a_process(tmp_path, 1, *extra), _step_in_a_process(tmp_path, 2, *extra)
+    _assert_same_update(one, two, COMPARED)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two CUDA GPUs")
+@pytest.mark.parametrize("backend", ["lora", "fsdp"])
+def test_two_gpu_ranks_update_like_one(backend):
+    """train.gpus [0, 1] (nccl for CUDA tensors, gloo for the command payloads) against train.gpus [0]."""
+    sync = "sync.mode=merged" if backend == "fsdp" else "sync.mode=adapter"
+    gpus = [
+        "cost.gpu_models=[GPU, GPU]",
+        "cost.price_per_hour={GPU: 1.0, cpu: 0.0}",
+        f"train.backend={backend}",
+        sync,
+    ]
+    one = _one_step(1, *gpus, "train.gpus=[0]", "rollout.gpus=[0]")
+    two = _one_step(1, *gpus, "train.gpus=[0,1]", "rollout.gpus=[0,1]")
+    _assert_same_update(one, two, COMPARED)
 
 
 # --- the real CLI ------------------------------------------------------------------------------------
@@ -125,20 +166,20 @@ def test_cli_run_with_two_cpu_ranks_writes_what_one_rank_writes(tmp_path):
 # --- failures ---------------------------------------------------------------------------------------
 def _failing_follower(*args) -> None:
     """A follower (in its own process) whose update raises; started by the controller below."""
-    from lite_verl.train import group
+    from lite_verl.train import follower
 
     def update(self, args, tensors):
         raise RuntimeError("injected failure in the update")
 
-    group.Follower.update = update
-    group.follower_main(*args)
+    follower.Follower.update = update
+    follower.follower_main(*args)
 
 
 def _controller(pid_file: str, mode: str) -> None:
     """A controller process: the real CLI with a failing follower (mode=fail), or one that is killed
     once its follower runs (mode=kill). The followers' pids go to pid_file."""
     from lite_verl import cli
-    from lite_verl.train import group
+    from lite_verl.train import follower, group
 
     start = group.TrainGroup.start
 
@@ -151,7 +192,7 @@ def _controller(pid_file: str, mode: str) -> None:
 
     group.TrainGroup.start = record
     if mode == "fail":
-        group.follower_main = _failing_follower
+        follower.follower_main = _failing_follower
     sets = [*SMALL, "trainer.total_steps=2", "train.cpu_ranks=2"]
     sys.exit(
         cli.main(

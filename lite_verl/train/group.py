@@ -31,13 +31,11 @@ from __future__ import annotations
 import atexit
 import multiprocessing as mp
 import os
-import signal
 import sys
 import threading
 import time
-import traceback
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager, suppress
+from contextlib import contextmanager
 from multiprocessing.connection import Connection, wait
 from pathlib import Path
 from typing import Any, TypeVar
@@ -114,6 +112,7 @@ class TrainGroup:
     def start(cls, cfg: Config, model_dir: Path) -> TrainGroup:
         """Spawn ranks 1..W-1 and join the group as rank 0 (returns once all have joined)."""
         from lite_verl.device import nccl_env
+        from lite_verl.train import follower
 
         world = train_world(cfg)
         group = cls(cfg, world)
@@ -125,7 +124,7 @@ class TrainGroup:
             err_r, err_w = ctx.Pipe(duplex=False)
             args = (rank, world, init, cfg, model_dir, cmd_r, err_w)
             proc = ctx.Process(
-                target=follower_main, args=args, daemon=True, name=f"lite-verl-train-rank{rank}"
+                target=follower.follower_main, args=args, daemon=True, name=f"lite-verl-train-rank{rank}"
             )
             proc.start()
             cmd_r.close()
@@ -308,118 +307,3 @@ class LockstepEngine:
     def generate(self, prompts: list[list[int]], sampling: Any, seed: int) -> RolloutBatch:
         args = {"prompts": [list(p) for p in prompts], "sampling": sampling, "seed": seed}
         return self.group.run("generate", lambda: self.engine.generate(prompts, sampling, seed), args)
-
-
-# --- a follower ---------------------------------------------------------------------------------------
-def follower_main(
-    rank: int, world: int, init: str, cfg: Config, model_dir: Path, commands: Connection, errors: Connection
-) -> None:
-    """Rank `rank` (a spawned process): join, build the backend as rank 0 does, serve its commands."""
-    import torch.distributed as dist
-
-    _exit_with_parent()
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole process group: rank 0 decides
-    _quiet()
-    try:
-        torch.manual_seed(cfg.trainer.seed + rank)  # its own dropout masks; replicas are broadcast equal
-        device = rank_device(cfg.train, rank)
-        join_group(device, init, rank, world)
-        follower = Follower(build_trainer(cfg, model_dir, device, world), cfg, Ranks(rank, world), model_dir)
-        follower.serve(commands)
-    except BaseException as e:  # noqa: BLE001 - whatever it is, the controller must hear of it
-        if not isinstance(e, UserError):
-            print(f"lite-verl: train rank {rank}:", file=sys.stderr)
-            traceback.print_exc()
-        sys.stderr.flush()
-        with suppress(OSError):
-            errors.send(str(e) if isinstance(e, UserError) else f"{type(e).__name__}: {e}")
-        os._exit(1)  # no interpreter teardown: a broken gloo group can abort it
-    dist.destroy_process_group()
-
-
-def _quiet() -> None:
-    """Rank 0 reports for all: no progress bars or library chatter from the followers."""
-    from transformers.utils import logging as hf_logging
-
-    hf_logging.disable_progress_bar()
-    hf_logging.set_verbosity_error()
-
-
-def _exit_with_parent() -> None:
-    """End this process when the controller ends, however it ends (its sentinel closes), even while
-    this process waits inside a collective."""
-    parent = mp.parent_process()
-    if parent is None:
-        return
-
-    def watch() -> None:
-        parent.join()
-        os._exit(1)
-
-    threading.Thread(target=watch, name="lite-verl-parent-watch", daemon=True).start()
-
-
-class Follower:
-    """A follower's backend and the commands it runs (the names `TrainGroup.send` uses)."""
-
-    COMMANDS = ("update", "generate", "buckets", "linears", "save", "load")
-
-    def __init__(self, backend: Any, cfg: Config, ranks: Ranks, model_dir: Path) -> None:
-        from lite_verl.update import MicroBatchSize
-
-        self.backend, self.cfg, self.ranks, self.model_dir = backend, cfg, ranks, model_dir
-        self.micro = MicroBatchSize(cfg.train.micro_batch_size, lockstep=sharded(cfg))
-        self.engine: Any = None
-
-    def serve(self, commands: Connection) -> None:
-        import torch.distributed as dist
-
-        while True:
-            try:
-                command, args, specs = commands.recv()
-            except EOFError:  # the controller is gone
-                return
-            if command == "stop":
-                return
-            if command not in self.COMMANDS:
-                raise ValueError(f"unknown command {command!r} from the controller")
-            tensors = {}
-            for name, (shape, dtype) in specs.items():
-                tensors[name] = torch.empty(shape, dtype=dtype)
-                dist.broadcast(tensors[name], src=0)
-            getattr(self, command)(args, tensors)
-
-    def update(self, args: dict, tensors: dict[str, torch.Tensor]) -> None:
-        from lite_verl.algos import FixedKLController
-        from lite_verl.update import run_update
-
-        kl = FixedKLController(
-            args["kl_coef"]
-        )  # the controller's coefficient; its updates are the controller's
-        run_update(self.backend, batch_from(tensors, args["step"]), self.cfg, kl, self.micro, self.ranks)
-
-    def generate(self, args: dict, tensors: dict[str, torch.Tensor]) -> None:
-        if self.engine is None:
-            from lite_verl.model import load_tokenizer
-            from lite_verl.rollout.hf import HFRolloutEngine
-
-            tokenizer = load_tokenizer(self.model_dir, self.cfg.model.trust_remote_code)
-            self.engine = HFRolloutEngine(self.backend.model, tokenizer, self.backend.device, synced=True)
-        self.engine.generate(args["prompts"], args["sampling"], args["seed"])
-
-    def buckets(self, args: dict, tensors: dict[str, torch.Tensor]) -> None:
-        for _ in self.backend.merged_weight_buckets(args["bucket_bytes"], args["dtype"]):
-            pass
-
-    def linears(self, args: dict, tensors: dict[str, torch.Tensor]) -> None:
-        for _ in self.backend.merged_linears():
-            pass
-
-    def save(self, args: dict, tensors: dict[str, torch.Tensor]) -> None:
-        import torch.distributed as dist
-
-        self.backend.save(Path(args["directory"]))
-        dist.barrier()
-
-    def load(self, args: dict, tensors: dict[str, torch.Tensor]) -> None:
-        self.backend.load(Path(args["directory"]))
