@@ -50,13 +50,14 @@ class PeakGpuMemory:
         self.peak_gib = max((float(x) for x in out.split() if x.strip()), default=0.0) / 1024
 
 
-def lite_verl(model: str, steps: int, gpu: bool) -> dict[str, float]:
+def lite_verl(model: str, steps: int, gpu: bool, sync: str = "adapter") -> dict[str, float]:
     sets = [f"model.path={model}", f"trainer.total_steps={steps}", f"trainer.batch_size={PROMPTS}", f"rollout.n={N}",
             f"rollout.max_new_tokens={NEW_TOKENS}", f"train.lr={LR}", f"train.lora_rank={RANK}", "train.lora_alpha=32",
             "algorithm.use_kl_loss=false", "data.val_size=0", "trainer.progress=false", "data.task=echo"]  # fmt: skip
     if gpu:
         sets += [
             "rollout.quantization=none",
+            f"sync.mode={sync}",
             "rollout.gpu_memory_utilization=0.3",
             "data.max_prompt_length=128",
         ]
@@ -157,6 +158,9 @@ def main() -> None:
     ap.add_argument("--model", default="tiny:qwen2")
     ap.add_argument("--gpu", action="store_true", help="both sides on GPU 0 with vLLM")
     ap.add_argument("--size", default="1.5b", help="--gpu: the Qwen2.5 shape (random weights)")
+    ap.add_argument(
+        "--sync", default="adapter", choices=("adapter", "merged"), help="--gpu: lite-verl's sync.mode"
+    )
     args = ap.parse_args()
     import trl as trl_pkg
 
@@ -166,10 +170,10 @@ def main() -> None:
 
         globals().update(GPU)
         model = str(make_model(args.size, Path("/tmp/models")))
-    ours, theirs = lite_verl(model, args.steps, args.gpu), trl(model, args.steps, args.gpu)
+    ours, theirs = lite_verl(model, args.steps, args.gpu, args.sync), trl(model, args.steps, args.gpu)
     if args.gpu:
-        cmd = f"python bench/vs_trl.py --gpu --steps {args.steps} --size {args.size}"
-        settings = (f"GPU, vLLM colocated in both (lite-verl: 4090x1 layout, no AWQ, sleep + adapter sync; TRL: colocate "
+        cmd = f"python bench/vs_trl.py --gpu --steps {args.steps} --size {args.size} --sync {args.sync}"
+        settings = (f"GPU, vLLM colocated in both (lite-verl: 4090x1 layout, no AWQ, sleep + {args.sync} sync; TRL: colocate "
                     f"defaults), echo task, {PROMPTS} prompts x {N}, <= {NEW_TOKENS} new tokens, LoRA r={RANK}, lr {LR}, "
                     f"bf16, grad checkpointing, no KL, {args.steps} steps; TRL {trl_pkg.__version__}")  # fmt: skip
         args.model = f"Qwen2.5-{args.size} shape (random, bf16)"
