@@ -162,6 +162,15 @@ def sum_gradients(params: list[torch.nn.Parameter]) -> None:
             p.grad.copy_(g.view_as(p.grad))
 
 
+def barrier() -> None:
+    """Wait for every rank, through gloo (a CPU all-reduce): NCCL's barrier guesses a GPU from the rank
+    number, which need not be this rank's train GPU."""
+    if world_size() > 1:
+        import torch.distributed as dist
+
+        dist.all_reduce(torch.zeros(1))
+
+
 def broadcast_parameters(params: list[torch.nn.Parameter]) -> None:
     """Rank 0's values into every rank's copy of replicated parameters: the replicas start equal,
     whatever random state each process had when it built them."""

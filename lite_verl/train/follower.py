@@ -20,7 +20,7 @@ import torch
 
 from lite_verl.config import Config
 from lite_verl.errors import UserError
-from lite_verl.train.dist import Ranks, join_group
+from lite_verl.train.dist import Ranks, barrier, join_group
 from lite_verl.train.group import batch_from, build_trainer, rank_device, sharded
 
 
@@ -39,7 +39,7 @@ def follower_main(
         join_group(device, init, rank, world)
         follower = Follower(build_trainer(cfg, model_dir, device, world), cfg, Ranks(rank, world), model_dir)
         follower.serve(commands)
-    except BaseException as e:  # noqa: BLE001 - whatever it is, the controller must hear of it
+    except BaseException as e:  # whatever it is (SystemExit too), the controller must hear of it
         if not isinstance(e, UserError):
             print(f"lite-verl: train rank {rank}:", file=sys.stderr)
             traceback.print_exc()
@@ -106,9 +106,8 @@ class Follower:
         from lite_verl.algos import FixedKLController
         from lite_verl.update import run_update
 
-        kl = FixedKLController(
-            args["kl_coef"]
-        )  # the controller's coefficient; its updates are the controller's
+        # the controller's coefficient: an adaptive controller's state lives there, in one place
+        kl = FixedKLController(args["kl_coef"])
         run_update(self.backend, batch_from(tensors, args["step"]), self.cfg, kl, self.micro, self.ranks)
 
     def generate(self, args: dict, tensors: dict[str, torch.Tensor]) -> None:
@@ -129,10 +128,8 @@ class Follower:
             pass
 
     def save(self, args: dict, tensors: dict[str, torch.Tensor]) -> None:
-        import torch.distributed as dist
-
         self.backend.save(Path(args["directory"]))
-        dist.barrier()
+        barrier()
 
     def load(self, args: dict, tensors: dict[str, torch.Tensor]) -> None:
         self.backend.load(Path(args["directory"]))

@@ -45,7 +45,7 @@ import torch
 from lite_verl.batch import RolloutBatch, UpdateBatch
 from lite_verl.config import Config, TrainConfig
 from lite_verl.errors import UserError
-from lite_verl.train.dist import Ranks, broadcast_parameters, free_port, join_group
+from lite_verl.train.dist import Ranks, barrier, broadcast_parameters, free_port, join_group
 from lite_verl.validation import train_world
 
 T = TypeVar("T")
@@ -264,11 +264,10 @@ class GroupBackend:
         if not self.sharded:  # the replicated adapter: rank 0's copy is every rank's
             self.local.save(directory)
             return
-        import torch.distributed as dist
 
         def local() -> None:
             self.local.save(directory)
-            dist.barrier()  # every rank's files (ZeRO-3 partitions) written before RunDir renames the dir
+            barrier()  # every rank's files (ZeRO-3 partitions) written before RunDir renames the dir
 
         self.group.run("save", local, {"directory": str(directory)})
 
