@@ -10,7 +10,7 @@ with its own budget, so the cap applies to the trainer alone. Prompts are the bu
 and the random model never stops early, so every sequence is 16 + max_new_tokens long and the plan's
 token count is exact. Figures per variant: the trainer's peak allocated memory over the run
 (torch.cuda.max_memory_allocated, summary.json train_peak_gib), the plan's prediction of it
-(GpuPlan.train_alloc_gib: weights, trainable state, activations, response logits; no CUDA context), the
+(GpuPlan.train_alloc_gib: weights, trainable state, activations, the LM head's working set; no CUDA context), the
 relative error, and the median step time. A variant the plan refuses (for instance fsdp at 7B, whose
 offloaded fp32 state needs ~140 GiB of host memory) is recorded as refused with the plan's reason.
 """

@@ -7,8 +7,10 @@ The model's shape comes from its config.json. Per GPU, the roles placed on it ad
   scales of the quantized linear layers, embeddings and head stay in model.dtype), LoRA parameters with
   their fp32 gradient and AdamW state (16 bytes per trainable parameter), activations of one micro-batch
   (per layer 34 * tokens * hidden bytes in 16-bit, no attention matrix with SDPA/flash; with gradient
-  checkpointing 2 * tokens * hidden per layer plus one layer's full set) and the response logits in fp32
-  (logits, log-softmax and their gradient: 3 * response tokens * vocab * 4 bytes);
+  checkpointing 2 * tokens * hidden per layer plus one layer's full set) and the LM head's working set:
+  the update never holds [tokens, vocabulary] logits (train/head.fused_log_probs), only ~4 fp32 blocks of
+  head.CHUNK_BYTES, one fp32 vocabulary chunk of the weight (fp32 head) and, for full fine-tuning, the
+  head's weight gradient (fp32 accumulator + model.dtype result);
 * train, full fine-tuning (train/full.py), sharded over W = len(train.gpus) ranks: fsdp keeps fp32 master
   weights (4 bytes per parameter / W) and fp32 gradients + AdamW m, v (12 / W), all in host memory with
   train.offload_params (FSDP2 offloads them together); deepspeed keeps model.dtype weights (b / W; host
@@ -98,7 +100,7 @@ class GpuPlan:
         return self.peak_gib <= USABLE * self.card_gib and vllm_ok and cap_ok
 
 
-DYNAMIC = ("activations", "response logits (fp32)")  # parts of the update alone; the rest stays
+DYNAMIC = ("activations", "LM head working set")  # parts of the update alone; the rest stays
 FULL_STATIC = ("train weights", "grads + AdamW", "reference policy")  # full fine-tuning's other parts
 
 
@@ -139,8 +141,19 @@ def train_parts(cfg: Config, shape: Shape) -> dict[str, float]:
         activations = shape.layers * 2 * tokens * shape.hidden * act16 / 2 + per_layer_full
     else:
         activations = shape.layers * per_layer_full
-    logits = 3 * t.micro_batch_size * r.max_new_tokens * shape.vocab * 4
-    return {**static, "activations": activations / GIB, "response logits (fp32)": logits / GIB}
+    return {**static, "activations": activations / GIB, "LM head working set": head_bytes(cfg, shape) / GIB}
+
+
+def head_bytes(cfg: Config, shape: Shape) -> float:
+    """Peak bytes of the fused log-prob head (train/head.py) beyond the weights: its fp32 logit blocks,
+    the fp32 cast of one vocabulary chunk of the weight, and the head's weight gradient when it trains."""
+    from lite_verl.train.head import CHUNK_BYTES, CHUNK_ROWS
+
+    b = BYTES[cfg.model.dtype]
+    fp32 = cfg.model.fp32_lm_head and b != 4
+    blocks = 4 * CHUNK_BYTES + (CHUNK_ROWS * shape.hidden * 4 if fp32 else 0)
+    grad = shape.vocab * shape.hidden * (4 + b) if cfg.train.backend in ("fsdp", "deepspeed") else 0
+    return blocks + grad
 
 
 def plan(cfg: Config, shape: Shape) -> list[GpuPlan]:
@@ -220,7 +233,7 @@ def knob(cfg: Config, p: GpuPlan) -> str:
         biggest = max((k for k in p.parts if not k.startswith("vLLM")), key=lambda k: p.parts[k])
     if biggest == "activations" and not cfg.train.gradient_checkpointing:
         return "set train.gradient_checkpointing=true"
-    if biggest in ("activations", "response logits (fp32)") and cfg.train.micro_batch_size > 1:
+    if biggest in DYNAMIC and cfg.train.micro_batch_size > 1:
         return f"lower train.micro_batch_size (now {cfg.train.micro_batch_size}); the maths stays the same"
     if biggest == "train weights" and cfg.train.backend == "lora":
         return "use train.backend=qlora (a 4-bit base)"

@@ -198,12 +198,12 @@ def test_fp32_head_on_a_bf16_model_matches_the_lora_backends_reference():
     """model.dtype=bfloat16: fp32 masters, bf16 compute, the head in fp32 (train/head.py) -- the same
     numbers as the LoRA backend's base with its adapter off."""
     from lite_verl.model import load_model, resolve_model_path
-    from lite_verl.train.full import FP32LMHead
+    from lite_verl.train.full import LogProbHead
     from lite_verl.train.lora import LoraBackend
 
     ids, mask, _ = _batch()
     b, cfg = _backend("fsdp", "model.dtype=bfloat16")
-    assert isinstance(b.model.get_output_embeddings(), FP32LMHead)
+    assert isinstance(b.model.get_output_embeddings(), LogProbHead)
     base = load_model(resolve_model_path(cfg.model), cfg.model, torch.device("cpu"))
     lora = LoraBackend(base, cfg.train, torch.device("cpu"), 0, fp32_lm_head=True)
     with torch.no_grad():

@@ -25,11 +25,12 @@ def test_qwen_1_5b_by_hand():
     assert parts["LoRA + grads + AdamW"] == pytest.approx(28 * 16 * 41_216 * 16 / GIB)
     tokens = 8 * (512 + 16)
     assert parts["activations"] == pytest.approx((28 * 2 * tokens * 1536 + 34 * tokens * 1536) / GIB)
-    assert parts["response logits (fp32)"] == pytest.approx(3 * 8 * 16 * 151936 * 4 / GIB)
+    # the fused head: 4 fp32 blocks of 128 MiB, one 16384-row vocabulary chunk of the weight in fp32
+    assert parts["LM head working set"] == pytest.approx((4 * 128 * 2**20 + 16384 * 1536 * 4) / GIB)
     (gpu,) = plan(cfg, QWEN_1_5B)
     static = parts["train weights"] + parts["LoRA + grads + AdamW"] + 0.5  # + the trainer's CUDA context
     assert gpu.peak_gib == pytest.approx(
-        max(static + 0.35 * 24, static + parts["activations"] + parts["response logits (fp32)"])
+        max(static + 0.35 * 24, static + parts["activations"] + parts["LM head working set"])
     )
     assert gpu.fits
 
@@ -100,7 +101,7 @@ def test_full_fine_tuning_by_hand_and_its_offload_knobs():
     (gpu,) = plan(fsdp, QWEN_1_5B)
     static = parts["train weights"] + parts["grads + AdamW"] + parts["reference policy"] + 0.5
     assert gpu.peak_gib == pytest.approx(
-        max(static + 0.35 * 24, static + parts["activations"] + parts["response logits (fp32)"])
+        max(static + 0.35 * 24, static + parts["activations"] + parts["LM head working set"])
     )
     assert not gpu.fits and "train.offload_params=true and train.offload_optimizer=true" in knob(fsdp, gpu)
     off = load_config(

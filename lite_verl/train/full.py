@@ -27,6 +27,7 @@ lite_verl/plan.py counts these.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import shutil
 from collections.abc import Callable, Iterator
@@ -59,26 +60,46 @@ class Sharding(Protocol):
     def load(self, directory: Path) -> None: ...
 
 
-class FP32LMHead(torch.nn.Module):
-    """The LM head computing fp32 logits chunk by chunk (train/head.py), as a module so that a sharded
-    model's forward reaches it through the sharding's hooks. It holds the original weight parameter:
-    tied embeddings stay tied and the state-dict name stays `lm_head.weight`."""
+class LogProbHead(torch.nn.Module):
+    """The LM head as a module that a sharded model's forward reaches through the sharding's hooks (the
+    weight is whole only inside them). Given `targets` (the `targeting` context) it returns, in place of
+    logits, [..., 2] = (log-prob of each target, entropy) from train/head.fused_log_probs: the update never
+    materialises [tokens, vocabulary] logits. Otherwise (generation) it returns logits, in fp32 with
+    `fp32`. It holds the original weight Parameter: tied embeddings stay tied, the state-dict name stays
+    `lm_head.weight`."""
 
-    def __init__(self, linear: torch.nn.Linear) -> None:
+    def __init__(self, linear: torch.nn.Linear, fp32: bool) -> None:
         super().__init__()
         self.weight = linear.weight
+        self.fp32 = fp32
+        self.pending: tuple[torch.Tensor, float, bool] | None = None
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        from lite_verl.train.head import fp32_logits
+        from lite_verl.train.head import fp32_logits, fused_log_probs
 
-        return fp32_logits(hidden, self.weight)
+        if self.pending is not None:
+            targets, temperature, with_entropy = self.pending
+            lp, ent = fused_log_probs(hidden, self.weight, targets, temperature, self.fp32, with_entropy)
+            return torch.stack([lp, ent if ent is not None else torch.zeros_like(lp)], dim=-1)
+        if self.fp32:
+            return fp32_logits(hidden, self.weight)
+        return torch.nn.functional.linear(hidden, self.weight)
+
+    @contextlib.contextmanager
+    def targeting(self, targets: torch.Tensor, temperature: float, with_entropy: bool) -> Iterator[None]:
+        self.pending = (targets, temperature, with_entropy)
+        try:
+            yield
+        finally:
+            self.pending = None
 
 
 def prepare_model(model: torch.nn.Module, fp32_head: bool, checkpointing: bool) -> torch.nn.Module:
-    """Before sharding: the fp32 head swapped in, gradient checkpointing on (non-reentrant)."""
+    """Before sharding: the log-prob head swapped in for a plain linear head (fp32 with `fp32_head`),
+    gradient checkpointing on (non-reentrant)."""
     head = model.get_output_embeddings()
-    if fp32_head and type(head) is torch.nn.Linear and head.bias is None:
-        model.set_output_embeddings(FP32LMHead(head))
+    if type(head) is torch.nn.Linear and head.bias is None:
+        model.set_output_embeddings(LogProbHead(head, fp32_head))
     if checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     return model
@@ -159,13 +180,17 @@ class FullBackend:
     def _log_probs(module, input_ids, attention_mask, response_length, temperature, with_entropy):
         # logits at position t predict token t+1: the response is predicted by [P-1, P+R-1), i.e. the
         # last R+1 positions' logits without the very last
-        out = module(
-            input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids(attention_mask),
-            logits_to_keep=response_length + 1, use_cache=False,
-        )  # fmt: skip
-        return response_log_probs(
-            out.logits[:, :-1], input_ids[:, -response_length:], temperature, with_entropy
-        )
+        kwargs = dict(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids(attention_mask),
+                      logits_to_keep=response_length + 1, use_cache=False)  # fmt: skip
+        targets = input_ids[:, -response_length:]
+        head = getattr(module, "module", module).get_output_embeddings()  # a ZeRO-3 engine wraps the model
+        if not isinstance(head, LogProbHead):
+            return response_log_probs(module(**kwargs).logits[:, :-1], targets, temperature, with_entropy)
+        # the last kept position predicts past the sequence: a dummy target, dropped below
+        padded = torch.cat([targets, torch.zeros_like(targets[:, :1])], dim=1)
+        with head.targeting(padded, temperature, with_entropy):
+            out = module(**kwargs).logits[:, :-1]
+        return out[..., 0], (out[..., 1] if with_entropy else None)
 
     # --- update --------------------------------------------------------------------------------
     def zero_grad(self) -> None:
@@ -202,7 +227,7 @@ class FullBackend:
         group: list[tuple[str, torch.Tensor, torch.Tensor | None]] = []
         parent = None
         for name, module, full in gathered_modules(self.sharding):
-            if not isinstance(module, (torch.nn.Linear, FP32LMHead)):
+            if not isinstance(module, (torch.nn.Linear, LogProbHead)):
                 continue
             if group and name.rpartition(".")[0] != parent:
                 yield group
@@ -229,7 +254,7 @@ class FullBackend:
                 bucket, size = [], 0
             parent = name.rpartition(".")[0]
             prefix = f"{name}." if name else ""
-            if convert is not None and isinstance(module, (torch.nn.Linear, FP32LMHead)):
+            if convert is not None and isinstance(module, (torch.nn.Linear, LogProbHead)):
                 out = convert(name, full["weight"].float(), full.get("bias"))
             else:
                 out = {prefix + n: t.to(target) for n, t in full.items()}

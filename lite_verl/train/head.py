@@ -5,6 +5,12 @@ logit of 16), independently in the trainer and in vLLM: that alone made a 0.03-0
 between them on an H200. With `model.fp32_lm_head` both sides compute the head in fp32 (vLLM through
 lite_verl.rollout.vllm_compat). The weight is cast a vocabulary chunk at a time, forward and backward,
 so no fp32 copy of the whole head is kept (0.9 GB for Qwen2.5-1.5B).
+
+The update does not need the logits, only each response token's log-prob and the entropy:
+`fused_log_probs` computes both from the hidden states a few hundred tokens at a time and recomputes
+those logits in the backward pass, so the update's memory no longer grows with micro-batch tokens x
+vocabulary (on an H200, 7B qlora at micro-batch 8 x 256 response tokens held ~6 fp32 copies of the
+[8, 256, 152k] logits, 7 GiB, before this).
 """
 
 from __future__ import annotations
@@ -14,6 +20,7 @@ import torch
 from lite_verl.algos import entropy_from_logits, log_probs_from_logits
 
 CHUNK_ROWS = 16384  # vocabulary rows cast to fp32 at a time
+CHUNK_BYTES = 128 * 2**20  # one [tokens, vocabulary] fp32 block of the fused log-probs; ~4 live at once
 
 
 class _FP32Head(torch.autograd.Function):
@@ -57,3 +64,100 @@ def response_log_probs(
         logits = logits / temperature
     entropy = entropy_from_logits(logits) if with_entropy else None
     return log_probs_from_logits(logits, targets), entropy
+
+
+def token_chunk(vocab: int) -> int:
+    """Tokens per block of `fused_log_probs`: CHUNK_BYTES of fp32 logits (220 tokens at a 152k vocabulary)."""
+    return max(1, CHUNK_BYTES // (4 * vocab))
+
+
+def _block_logits(h: torch.Tensor, weight: torch.Tensor, temperature: float, fp32: bool) -> torch.Tensor:
+    """[T, H] x [V, H] -> fp32 [T, V] logits / temperature; fp32: the product itself in fp32 (a vocabulary
+    chunk of the weight cast at a time), else in the weight's dtype and then widened, as the model would."""
+    if not fp32:
+        z = (h.to(weight.dtype) @ weight.t()).float()
+    else:
+        z = torch.empty(h.shape[0], weight.shape[0], dtype=torch.float32, device=h.device)
+        hf = h.float()
+        for s in range(0, weight.shape[0], CHUNK_ROWS):
+            z[:, s : s + CHUNK_ROWS] = hf @ weight[s : s + CHUNK_ROWS].float().t()
+    return z / temperature if temperature > 0 else z
+
+
+def _matmul_weight(dz: torch.Tensor, weight: torch.Tensor, fp32: bool) -> torch.Tensor:
+    """dz [T, V] x weight [V, H] -> [T, H] fp32, a vocabulary chunk of the weight at a time."""
+    if not fp32:
+        return (dz.to(weight.dtype) @ weight).float()
+    out = torch.zeros(dz.shape[0], weight.shape[1], dtype=torch.float32, device=dz.device)
+    for s in range(0, weight.shape[0], CHUNK_ROWS):
+        out += dz[:, s : s + CHUNK_ROWS] @ weight[s : s + CHUNK_ROWS].float()
+    return out
+
+
+class _FusedLogProbs(torch.autograd.Function):
+    """Per token: log p(target) and entropy H of softmax(h W^T / temperature), a block of tokens at a
+    time. Saved for backward: the hidden states, each token's log-sum-exp and entropy, not the logits.
+    d log p_t / dz = onehot(t) - p;  dH / dz = -p * (log p + H)."""
+
+    @staticmethod
+    def forward(ctx, hidden, weight, targets, temperature, fp32, with_entropy):  # type: ignore[override]
+        h, t = hidden.reshape(-1, hidden.shape[-1]), targets.reshape(-1)
+        n, step = h.shape[0], token_chunk(weight.shape[0])
+        logp = torch.empty(n, dtype=torch.float32, device=h.device)
+        lse = torch.empty_like(logp)
+        ent = torch.zeros_like(logp)
+        for a in range(0, n, step):
+            z = _block_logits(h[a : a + step], weight, temperature, fp32)
+            lse[a : a + step] = torch.logsumexp(z, dim=-1)
+            logp[a : a + step] = z.gather(1, t[a : a + step, None]).squeeze(1) - lse[a : a + step]
+            if with_entropy:
+                p = torch.exp(z - lse[a : a + step, None])
+                ent[a : a + step] = lse[a : a + step] - (p * z).sum(-1)
+        ctx.save_for_backward(hidden, weight, targets, lse, ent)
+        ctx.temperature, ctx.fp32, ctx.with_entropy = temperature, fp32, with_entropy
+        if not with_entropy:
+            ctx.mark_non_differentiable(ent)
+        return logp.view(targets.shape), ent.view(targets.shape)
+
+    @staticmethod
+    def backward(ctx, g_logp, g_ent):  # type: ignore[override]
+        hidden, weight, targets, lse, ent = ctx.saved_tensors
+        h, t = hidden.reshape(-1, hidden.shape[-1]), targets.reshape(-1)
+        g_logp = g_logp.reshape(-1) if g_logp is not None else torch.zeros_like(lse)
+        g_ent = g_ent.reshape(-1) if g_ent is not None and ctx.with_entropy else None
+        grad_h = (
+            torch.empty(h.shape, dtype=torch.float32, device=h.device) if ctx.needs_input_grad[0] else None
+        )
+        grad_w = (
+            torch.zeros(weight.shape, dtype=torch.float32, device=h.device)
+            if ctx.needs_input_grad[1]
+            else None
+        )
+        scale = 1.0 / ctx.temperature if ctx.temperature > 0 else 1.0
+        step = token_chunk(weight.shape[0])
+        for a in range(0, h.shape[0], step):
+            z = _block_logits(h[a : a + step], weight, ctx.temperature, ctx.fp32)
+            logq = z - lse[a : a + step, None]  # log-softmax of the block
+            p = torch.exp(logq)
+            dz = p * (-g_logp[a : a + step, None])
+            dz.scatter_add_(1, t[a : a + step, None], g_logp[a : a + step, None])
+            if g_ent is not None:
+                dz -= p * (logq + ent[a : a + step, None]) * g_ent[a : a + step, None]
+            dz *= scale
+            if grad_h is not None:
+                grad_h[a : a + step] = _matmul_weight(dz, weight, ctx.fp32)
+            if grad_w is not None:
+                grad_w += dz.t() @ h[a : a + step].float()
+        grad_h = grad_h.view(hidden.shape).to(hidden.dtype) if grad_h is not None else None
+        grad_w = grad_w.to(weight.dtype) if grad_w is not None else None
+        return grad_h, grad_w, None, None, None, None
+
+
+def fused_log_probs(
+    hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, temperature: float, fp32: bool,
+    with_entropy: bool,
+) -> tuple[torch.Tensor, torch.Tensor | None]:  # fmt: skip
+    """hidden [N, R, H] (the states that predict `targets` [N, R]), head weight [V, H] -> (log-probs [N, R],
+    entropy [N, R] or None) of softmax(hidden W^T / temperature), without materialising [N, R, V] logits."""
+    logp, ent = _FusedLogProbs.apply(hidden, weight, targets, temperature, fp32, with_entropy)
+    return logp, (ent if with_entropy else None)

@@ -66,13 +66,10 @@ class LoraBackend:
             self.model.enable_input_require_grads()
         self.params = [p for p in self.model.parameters() if p.requires_grad]
         head = self.model.get_base_model().get_output_embeddings()
-        # the head in fp32 (train/head.py) when it is a plain linear layer of a bf16/fp16 model
-        self.fp32_head = (
-            fp32_lm_head
-            and type(head) is torch.nn.Linear
-            and head.bias is None
-            and head.weight.dtype != torch.float32
-        )
+        # a plain linear head: the update's log-probs come from the hidden states without materialised
+        # logits (train/head.fused_log_probs), computed in fp32 for a bf16/fp16 model when fp32_lm_head
+        self.fused_head = type(head) is torch.nn.Linear and head.bias is None
+        self.fp32_head = self.fused_head and fp32_lm_head and head.weight.dtype != torch.float32
         self.optimizer = torch.optim.AdamW(self.params, lr=cfg.lr, weight_decay=cfg.weight_decay)
         self.grad_clip = cfg.grad_clip
         self.value_head: torch.nn.Linear | None = None
@@ -158,15 +155,16 @@ class LoraBackend:
             input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids(attention_mask)
         )
         # logits at position t predict token t+1: the response tokens are predicted by [P-1, P+R-1)
-        if self.fp32_head:
-            from lite_verl.train.head import fp32_logits
+        targets = input_ids[:, -response_length:]
+        if self.fused_head:
+            from lite_verl.train.head import fused_log_probs
 
             causal_lm = self.model.get_base_model()
             hidden = causal_lm.base_model(**kwargs).last_hidden_state[:, -response_length - 1 : -1]
-            logits = fp32_logits(hidden, causal_lm.get_output_embeddings().weight)
-        else:
-            logits = self.model(**kwargs).logits[:, -response_length - 1 : -1]
-        return response_log_probs(logits, input_ids[:, -response_length:], temperature, with_entropy)
+            weight = causal_lm.get_output_embeddings().weight
+            return fused_log_probs(hidden, weight, targets, temperature, self.fp32_head, with_entropy)
+        logits = self.model(**kwargs).logits[:, -response_length - 1 : -1]
+        return response_log_probs(logits, targets, temperature, with_entropy)
 
     # --- update --------------------------------------------------------------------------------
     def zero_grad(self) -> None:

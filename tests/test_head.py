@@ -1,0 +1,53 @@
+"""The fused log-prob / entropy head equals log-softmax over materialised logits, values and gradients."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from lite_verl.train import head
+from lite_verl.train.head import fused_log_probs, response_log_probs
+
+
+def _reference(hidden, weight, targets, temperature, fp32):
+    logits = hidden.float() @ weight.float().t() if fp32 else (hidden @ weight.t()).float()
+    return response_log_probs(logits, targets, temperature, True)
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_fused_matches_materialised_logits(monkeypatch, temperature):
+    monkeypatch.setattr(head, "CHUNK_BYTES", 4 * 97 * 5)  # blocks of 5 tokens: 3 blocks + a ragged one
+    monkeypatch.setattr(head, "CHUNK_ROWS", 40)  # and the vocabulary cast in chunks of 40 rows
+    torch.manual_seed(0)
+    n, r, hdim, vocab = 2, 8, 16, 97
+    weight = torch.randn(vocab, hdim, dtype=torch.float64).requires_grad_()
+    hidden = torch.randn(n, r, hdim, dtype=torch.float64).requires_grad_()
+    targets = torch.randint(0, vocab, (n, r))
+    g_lp, g_ent = torch.randn(n, r, dtype=torch.float64), torch.randn(n, r, dtype=torch.float64)
+
+    def run(fn):
+        lp, ent = fn()
+        grads = torch.autograd.grad(
+            (lp.double() * g_lp).sum() + (ent.double() * g_ent).sum(), (hidden, weight)
+        )
+        return lp.double(), ent.double(), grads
+
+    # float64 inputs: the fused path computes in fp32 (fp32=True widens to float32), so compare at fp32 precision
+    lp, ent, (gh, gw) = run(lambda: fused_log_probs(hidden, weight, targets, temperature, True, True))
+    rlp, rent, (rgh, rgw) = run(lambda: _reference(hidden, weight, targets, temperature, True))
+    for got, want in ((lp, rlp), (ent, rent), (gh, rgh), (gw, rgw)):
+        assert torch.allclose(got, want, atol=2e-4, rtol=1e-4), (got - want).abs().max()
+
+
+def test_fused_without_entropy_and_in_bf16():
+    torch.manual_seed(1)
+    weight = torch.randn(50, 8, dtype=torch.bfloat16)  # frozen head (LoRA): no weight gradient asked
+    hidden = torch.randn(3, 4, 8, dtype=torch.bfloat16).requires_grad_()
+    targets = torch.randint(0, 50, (3, 4))
+    lp, ent = fused_log_probs(hidden, weight, targets, 1.0, False, False)
+    assert ent is None and lp.dtype == torch.float32
+    rlp, _ = _reference(hidden, weight, targets, 1.0, False)
+    assert torch.allclose(lp, rlp, atol=1e-5)
+    (g,) = torch.autograd.grad(lp.sum(), hidden)
+    (rg,) = torch.autograd.grad(rlp.sum(), hidden)
+    assert g.dtype == torch.bfloat16 and torch.allclose(g.float(), rg.float(), atol=2e-2)
