@@ -156,3 +156,7 @@ def test_copy_awq_in_place_fills_fused_shards():
         assert torch.equal(getattr(attn.o_proj, k).data, sent["o_proj"][k])
     with pytest.raises(KeyError, match="gate_proj"):
         copy_awq_in_place(model, [("attn.gate_proj.qweight", torch.zeros(1))])
+    # a vLLM that repacked the layer after loading (served width = the unpacked output): one clear error
+    attn.qkv_proj.qweight = torch.nn.Parameter(torch.zeros(64, 96, dtype=torch.int32), requires_grad=False)
+    with pytest.raises(RuntimeError, match=r"serves attn.q_proj.qweight as \(64, 64\).*sync.mode=adapter"):
+        copy_awq_in_place(model, [("attn.q_proj.qweight", sent["q_proj"]["qweight"])])

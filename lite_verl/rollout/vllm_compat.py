@@ -240,9 +240,24 @@ def copy_awq_in_place(model: Any, named_tensors: list[tuple[str, Any]]) -> None:
             raise KeyError(f"copy_awq_in_place: no parameter for {name} in the served model")
         param = getattr(target, attr)
         if shard is None:
+            _check_layout(name, param.data, tensor)
             param.data.copy_(tensor)
             continue
         sizes = list(target.output_sizes)
-        pack = sum(sizes) // param.shape[-1]  # 8 for qweight/qzeros (int4 in int32), 1 for scales/bias
+        pack = max(
+            sum(sizes) // param.shape[-1], 1
+        )  # 8 for qweight/qzeros (int4 in int32), 1 for scales/bias
         start, width = sum(sizes[:shard]) // pack, sizes[shard] // pack
+        _check_layout(name, param.data[..., start : start + width], tensor)
         param.data[..., start : start + width].copy_(tensor)
+
+
+def _check_layout(name: str, served: Any, tensor: Any) -> None:
+    """The served slice must have the checkpoint tensor's shape and dtype: a vLLM that repacks AWQ layers
+    after loading (Marlin, or a changed kernel) cannot take the checkpoint's layout in place."""
+    if tuple(served.shape) != tuple(tensor.shape) or served.dtype != tensor.dtype:
+        raise RuntimeError(
+            f"merged AWQ sync: vLLM serves {name} as {tuple(served.shape)} {served.dtype}, the re-quantized "
+            f"tensor is {tuple(tensor.shape)} {tensor.dtype} (AWQ's packed layout); this vLLM repacks AWQ "
+            "layers, so they cannot be reloaded in place: use sync.mode=adapter or rollout.quantization=none"
+        )
