@@ -106,6 +106,7 @@ class TrainGroup:
         self._closing = False
         self._reported = False  # the main thread raised TrainRankFailed: the watchdog leaves it be
         self.broken = False  # a command did not complete: followers may sit in a collective
+        self._in_command = 0  # > 0 while rank 0 does its part of a command (and may wait in a collective)
         self._wake_r, self._wake_w = mp.Pipe(duplex=False)
 
     @classmethod
@@ -164,6 +165,7 @@ class TrainGroup:
     def guard(self) -> Iterator[None]:
         """A failure of rank 0's part of a command becomes TrainRankFailed when a follower failed (the
         collective broke because of it); rank 0's own errors pass through."""
+        self._in_command += 1
         try:
             yield
         except (KeyboardInterrupt, GeneratorExit):
@@ -175,9 +177,12 @@ class TrainGroup:
                 self._reported = True
                 raise TrainRankFailed(self.failure) from None
             raise
+        finally:
+            self._in_command -= 1
 
     def _watch(self) -> None:
-        """Wait for a follower to fail; then stop the others, and end this process if it is stuck."""
+        """Wait for a follower to fail; then stop the others, and end this process if it is still inside
+        a command after GRACE_S (stuck in a collective). Outside one, the next command fails instead."""
         rank_of: dict[Any, int] = {p.sentinel: r for r, p in enumerate(self.procs, 1)}
         rank_of.update({c: r for r, c in enumerate(self._errors, 1)})
         ready = wait([*rank_of, self._wake_r])
@@ -188,7 +193,7 @@ class TrainGroup:
         self._failed.set()
         self._terminate()
         time.sleep(GRACE_S)
-        if not self._reported and not self._closing:
+        if self._in_command and not self._reported and not self._closing:
             print(f"lite-verl: error: {self.failure}", file=sys.stderr, flush=True)
             os._exit(1)
 
