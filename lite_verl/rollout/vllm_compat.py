@@ -220,36 +220,98 @@ def _lora_from_memory(manager: Any, lora_id: int, tensors: dict[str, Any], confi
     return build(**{k: v for k, v in wanted.items() if k in known})
 
 
+AWQ_TENSORS = ("qweight", "qzeros", "scales")  # what a quantized linear layer holds in AutoAWQ's layout
+
+
 def copy_awq_in_place(model: Any, named_tensors: list[tuple[str, Any]]) -> None:
-    """Merged AWQ sync on a vLLM without the layer-wise reload (0.26), served with quantization="awq":
-    that kernel keeps the checkpoint's packed layout, so the re-quantized tensors (qweight, qzeros,
-    scales, HF names) are copied straight into the running layers' parameters, a fused layer's shard
-    (q/k/v in qkv_proj, gate/up in gate_up_proj) into its slice of the output dimension. One GPU (TP=1)."""
+    """Merged AWQ sync on a vLLM without the layer-wise reload (0.26): the re-quantized tensors (qweight,
+    qzeros, scales in AutoAWQ's checkpoint layout, HF names) go into the running layers' own tensors.
+
+    A layer served in the checkpoint's layout (the Triton "awq" kernel) takes them directly, a fused
+    layer's shard (q/k/v in qkv_proj, gate/up in gate_up_proj) into its slice of the output dimension.
+    A layer whose quantization method repacks after loading (0.26 serves AWQ through AutoAWQ's Marlin
+    method whatever kernel is asked for) is re-processed: see `_reprocess_layer`. One GPU (TP=1)."""
     modules = dict(model.named_modules())
     fused = getattr(model, "packed_modules_mapping", {}) or {}
+    pending: dict[str, dict[str, dict[str, Any]]] = model.__dict__.setdefault("_lite_verl_awq_pending", {})
     for name, tensor in named_tensors:
         module_name, attr = name.rsplit(".", 1)
         parent, leaf = module_name.rsplit(".", 1)
-        target, shard = modules.get(module_name), None
+        target_name, target, shard, parts = module_name, modules.get(module_name), None, [leaf]
         if target is None:
-            for group, parts in fused.items():
-                if leaf in parts and f"{parent}.{group}" in modules:
-                    target, shard = modules[f"{parent}.{group}"], parts.index(leaf)
+            for group, group_parts in fused.items():
+                if leaf in group_parts and f"{parent}.{group}" in modules:
+                    target_name, parts = f"{parent}.{group}", list(group_parts)
+                    target, shard = modules[target_name], group_parts.index(leaf)
                     break
         if target is None or not hasattr(target, attr):
             raise KeyError(f"copy_awq_in_place: no parameter for {name} in the served model")
-        param = getattr(target, attr)
-        if shard is None:
-            _check_layout(name, param.data, tensor)
-            param.data.copy_(tensor)
+        if attr in AWQ_TENSORS and _repacks(target):  # collect the whole layer, then re-process it
+            got = pending.setdefault(target_name, {}).setdefault(leaf, {})
+            got[attr] = tensor
+            layer = pending[target_name]
+            if all(set(layer.get(p, {})) >= set(AWQ_TENSORS) for p in parts):
+                _reprocess_layer(target_name, target, [layer[p] for p in parts])
+                del pending[target_name]
             continue
-        sizes = list(target.output_sizes)
-        pack = max(
-            sum(sizes) // param.shape[-1], 1
-        )  # 8 for qweight/qzeros (int4 in int32), 1 for scales/bias
-        start, width = sum(sizes[:shard]) // pack, sizes[shard] // pack
-        _check_layout(name, param.data[..., start : start + width], tensor)
-        param.data[..., start : start + width].copy_(tensor)
+        _copy_checkpoint_layout(name, target, attr, shard, tensor)
+
+
+def _repacks(layer: Any) -> bool:
+    """Whether the layer's quantization method converts the checkpoint layout after loading (Marlin and
+    the other mixed-precision kernels of vLLM's kernel framework keep a `kernel`)."""
+    return hasattr(getattr(layer, "quant_method", None), "kernel")
+
+
+def _copy_checkpoint_layout(name: str, target: Any, attr: str, shard: int | None, tensor: Any) -> None:
+    param = getattr(target, attr)
+    if shard is None:
+        _check_layout(name, param.data, tensor)
+        param.data.copy_(tensor)
+        return
+    sizes = list(target.output_sizes)
+    pack = max(sum(sizes) // param.shape[-1], 1)  # 8 for qweight/qzeros (int4 in int32), 1 for scales/bias
+    start, width = sum(sizes[:shard]) // pack, sizes[shard] // pack
+    _check_layout(name, param.data[..., start : start + width], tensor)
+    param.data[..., start : start + width].copy_(tensor)
+
+
+def _reprocess_layer(name: str, layer: Any, shards: list[dict[str, Any]]) -> None:
+    """Give the layer fresh checkpoint-layout parameters (the shards concatenated along the output),
+    run its quantization method's own post-load conversion, then copy the results into the tensors the
+    engine already holds and put those objects back: CUDA graphs captured their addresses."""
+    import torch
+    from vllm.model_executor.parameter import GroupQuantScaleParameter, PackedvLLMParameter
+
+    def noop(*args: Any, **kwargs: Any) -> None:
+        pass
+
+    live = dict(layer._parameters)
+    kernel = layer.quant_method.kernel
+    workspace = getattr(kernel, "workspace", None)
+    cat = {k: torch.cat([s[k] for s in shards], dim=-1) for k in AWQ_TENSORS}
+    pack = cat["scales"].shape[-1] // cat["qweight"].shape[-1]
+    for k in ("qweight", "qzeros"):
+        layer._parameters[k] = PackedvLLMParameter(
+            data=cat[k].contiguous(),
+            input_dim=0,
+            output_dim=1,
+            packed_dim=1,
+            packed_factor=pack,
+            weight_loader=noop,
+        )
+    layer._parameters["scales"] = GroupQuantScaleParameter(
+        data=cat["scales"].contiguous(), input_dim=0, output_dim=1, weight_loader=noop
+    )
+    layer.quant_method.process_weights_after_loading(layer)
+    for key, old in live.items():
+        new = layer._parameters.get(key)
+        if new is not None and new is not old:
+            _check_layout(f"{name}.{key}", old.data, new.data)
+            old.data.copy_(new.data)
+        layer._parameters[key] = old
+    if workspace is not None:
+        kernel.workspace = workspace
 
 
 def _check_layout(name: str, served: Any, tensor: Any) -> None:
@@ -258,6 +320,6 @@ def _check_layout(name: str, served: Any, tensor: Any) -> None:
     if tuple(served.shape) != tuple(tensor.shape) or served.dtype != tensor.dtype:
         raise RuntimeError(
             f"merged AWQ sync: vLLM serves {name} as {tuple(served.shape)} {served.dtype}, the re-quantized "
-            f"tensor is {tuple(tensor.shape)} {tensor.dtype} (AWQ's packed layout); this vLLM repacks AWQ "
-            "layers, so they cannot be reloaded in place: use sync.mode=adapter or rollout.quantization=none"
+            f"tensor is {tuple(tensor.shape)} {tensor.dtype}; this vLLM's AWQ layout cannot be reloaded in place: "
+            "use sync.mode=adapter or rollout.quantization=none"
         )
