@@ -22,14 +22,26 @@ import argparse
 import statistics
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from results import REPORT, append, render  # noqa: E402
 from train_run import single_process_group_env, train_run  # noqa: E402
 
-PROMPTS, N, NEW_TOKENS, LR, RANK = 16, 8, 16, 3e-3, 16
-GPU = {"PROMPTS": 32, "NEW_TOKENS": 256, "LR": 1e-5}  # --gpu
+
+@dataclass(frozen=True)
+class Shared:
+    """The settings both trainers get."""
+
+    prompts: int = 16
+    n: int = 8
+    new_tokens: int = 16
+    lr: float = 3e-3
+    rank: int = 16
+
+
+CPU, GPU = Shared(), Shared(prompts=32, new_tokens=256, lr=1e-5)
 
 
 class PeakGpuMemory:
@@ -50,9 +62,9 @@ class PeakGpuMemory:
         self.peak_gib = max((float(x) for x in out.split() if x.strip()), default=0.0) / 1024
 
 
-def lite_verl(model: str, steps: int, gpu: bool, sync: str = "adapter") -> dict[str, float]:
-    sets = [f"model.path={model}", f"trainer.total_steps={steps}", f"trainer.batch_size={PROMPTS}", f"rollout.n={N}",
-            f"rollout.max_new_tokens={NEW_TOKENS}", f"train.lr={LR}", f"train.lora_rank={RANK}", "train.lora_alpha=32",
+def lite_verl(model: str, steps: int, s: Shared, gpu: bool, sync: str = "adapter") -> dict[str, float]:
+    sets = [f"model.path={model}", f"trainer.total_steps={steps}", f"trainer.batch_size={s.prompts}", f"rollout.n={s.n}",
+            f"rollout.max_new_tokens={s.new_tokens}", f"train.lr={s.lr}", f"train.lora_rank={s.rank}", "train.lora_alpha=32",
             "algorithm.use_kl_loss=false", "data.val_size=0", "trainer.progress=false", "data.task=echo"]  # fmt: skip
     if gpu:
         sets += [
@@ -76,7 +88,7 @@ def lite_verl(model: str, steps: int, gpu: bool, sync: str = "adapter") -> dict[
     return out
 
 
-def trl(model: str, steps: int, gpu: bool) -> dict[str, float]:
+def trl(model: str, steps: int, s: Shared, gpu: bool) -> dict[str, float]:
     import torch
     from datasets import Dataset
     from peft import LoraConfig
@@ -89,7 +101,7 @@ def trl(model: str, steps: int, gpu: bool) -> dict[str, float]:
     from lite_verl.rewards import echo_score
 
     path = resolve_model_path(ModelConfig(path=model))
-    rows = task_rows("echo", PROMPTS * steps, 0, "train")
+    rows = task_rows("echo", s.prompts * steps, 0, "train")
     data = Dataset.from_list(
         [{"prompt": [dict(m) for m in r.messages], "ground_truth": r.ground_truth} for r in rows]
     )
@@ -108,19 +120,19 @@ def trl(model: str, steps: int, gpu: bool) -> dict[str, float]:
                 logs.append(dict(kw["logs"]))
 
     where = dict(
-        per_device_train_batch_size=PROMPTS * N, gradient_accumulation_steps=1, steps_per_generation=1, use_cpu=True,
+        per_device_train_batch_size=s.prompts * s.n, gradient_accumulation_steps=1, steps_per_generation=1, use_cpu=True,
         bf16=False,
     )  # fmt: skip
     if gpu:
         micro = 32
         where = dict(
-            per_device_train_batch_size=micro, gradient_accumulation_steps=PROMPTS * N // micro,
-            steps_per_generation=PROMPTS * N // micro, bf16=True, gradient_checkpointing=True, use_vllm=True,
+            per_device_train_batch_size=micro, gradient_accumulation_steps=s.prompts * s.n // micro,
+            steps_per_generation=s.prompts * s.n // micro, bf16=True, gradient_checkpointing=True, use_vllm=True,
             vllm_mode="colocate", vllm_gpu_memory_utilization=0.3, max_prompt_length=128,
         )  # fmt: skip
     args = GRPOConfig(
-        output_dir="/tmp/trl-grpo", num_generations=N, max_completion_length=NEW_TOKENS, temperature=1.0,
-        learning_rate=LR, lr_scheduler_type="constant", warmup_steps=0, max_steps=steps, beta=0.0, logging_steps=1,
+        output_dir="/tmp/trl-grpo", num_generations=s.n, max_completion_length=s.new_tokens, temperature=1.0,
+        learning_rate=s.lr, lr_scheduler_type="constant", warmup_steps=0, max_steps=steps, beta=0.0, logging_steps=1,
         report_to=[], save_strategy="no", seed=0, disable_dropout=True,
         **{k: v for k, v in where.items() if k in GRPOConfig.__dataclass_fields__},
     )  # fmt: skip
@@ -131,7 +143,7 @@ def trl(model: str, steps: int, gpu: bool) -> dict[str, float]:
     trainer = GRPOTrainer(
         model=AutoModelForCausalLM.from_pretrained(path, dtype=dtype), reward_funcs=reward, args=args,
         train_dataset=data, processing_class=tok, callbacks=[Keep()],
-        peft_config=LoraConfig(r=RANK, lora_alpha=32, target_modules="all-linear", task_type="CAUSAL_LM"),
+        peft_config=LoraConfig(r=s.rank, lora_alpha=32, target_modules="all-linear", task_type="CAUSAL_LM"),
     )  # fmt: skip
     t0 = time.perf_counter()
     if gpu:
@@ -141,7 +153,7 @@ def trl(model: str, steps: int, gpu: bool) -> dict[str, float]:
         trainer.train()
     wall = time.perf_counter() - t0
     steps_logged = [x for x in logs if "completions/mean_length" in x]
-    gen = sum(x["completions/mean_length"] * PROMPTS * N for x in steps_logged)
+    gen = sum(x["completions/mean_length"] * s.prompts * s.n for x in steps_logged)
     trained = steps_logged[-1].get("num_tokens", 0.0)  # cumulative prompt + completion tokens
     k = max(len(steps_logged) // 10, 1)
     rewards = [x.get("reward", x.get("rewards/reward/mean", 0.0)) for x in steps_logged]
@@ -168,19 +180,19 @@ def main() -> None:
     if args.gpu:
         from gpu_models import make_model
 
-        globals().update(GPU)
         model = str(make_model(args.size, Path("/tmp/models")))
-    ours, theirs = lite_verl(model, args.steps, args.gpu, args.sync), trl(model, args.steps, args.gpu)
+    s = GPU if args.gpu else CPU
+    ours, theirs = lite_verl(model, args.steps, s, args.gpu, args.sync), trl(model, args.steps, s, args.gpu)
     if args.gpu:
         cmd = f"python bench/vs_trl.py --gpu --steps {args.steps} --size {args.size} --sync {args.sync}"
         settings = (f"GPU, vLLM colocated in both (lite-verl: 4090x1 layout, no AWQ, sleep + {args.sync} sync; TRL: colocate "
-                    f"defaults), echo task, {PROMPTS} prompts x {N}, <= {NEW_TOKENS} new tokens, LoRA r={RANK}, lr {LR}, "
+                    f"defaults), echo task, {s.prompts} prompts x {s.n}, <= {s.new_tokens} new tokens, LoRA r={s.rank}, lr {s.lr}, "
                     f"bf16, grad checkpointing, no KL, {args.steps} steps; TRL {trl_pkg.__version__}")  # fmt: skip
         args.model = f"Qwen2.5-{args.size} shape (random, bf16)"
     else:
         cmd = f"python bench/vs_trl.py --steps {args.steps} --model {args.model}"
-        settings = (f"CPU, HF generate in both, echo task, {PROMPTS} prompts x {N}, <= {NEW_TOKENS} new tokens, LoRA r={RANK}, "
-                    f"lr {LR}, no KL, {args.steps} steps; TRL {trl_pkg.__version__}")  # fmt: skip
+        settings = (f"CPU, HF generate in both, echo task, {s.prompts} prompts x {s.n}, <= {s.new_tokens} new tokens, LoRA r={s.rank}, "
+                    f"lr {s.lr}, no KL, {args.steps} steps; TRL {trl_pkg.__version__}")  # fmt: skip
     for who, r in (("lite_verl", ours), ("trl", theirs)):
         for metric, value in r.items():
             unit = {
