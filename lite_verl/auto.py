@@ -27,7 +27,6 @@ import json
 import subprocess
 import sys
 from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -113,22 +112,14 @@ def detect() -> list[Gpu]:
     ]
 
 
-@contextmanager
-def measured_cards(gpus: Sequence[Gpu]) -> Iterator[None]:
-    """plan.plan() sizes a card by its name in plan.CARD_GIB (24 GiB when it does not know the name); while
-    planning for detected cards, each is sized by its measured memory (an A10 has 22.5 GiB, not 24)."""
-    saved = dict(planner.CARD_GIB)
-    planner.CARD_GIB.update({g.card: g.total_gib for g in gpus})
-    try:
-        yield
-    finally:
-        planner.CARD_GIB.clear()
-        planner.CARD_GIB.update(saved)
+def card_sizes(gpus: Sequence[Gpu]) -> dict[str, float]:
+    """Detected cards by the plan's name -> measured GiB: plan.plan() sizes each by it (an A10 has 22.5
+    GiB, not 24; an unknown card is not assumed to have 24)."""
+    return {g.card: g.total_gib for g in gpus}
 
 
 def plan_on(cfg: Config, shape: Shape, gpus: Sequence[Gpu]) -> list[GpuPlan]:
-    with measured_cards(gpus):
-        return planner.plan(cfg, shape)
+    return planner.plan(cfg, shape, card_sizes(gpus))
 
 
 def check_topology(cfg: Config, shape: Shape, gpus: Sequence[Gpu]) -> None:

@@ -299,7 +299,7 @@ def _load(
 def _check_plan(cfg: Config, gpus: list[Gpu] | None = None) -> None:
     """Before anything loads: the plan fits every card, and the cards exist with that much memory free now
     (the GPUs are detected here unless --preset auto already did)."""
-    from lite_verl.auto import check_topology, detect, measured_cards
+    from lite_verl.auto import card_sizes, check_topology, detect
     from lite_verl.model import resolve_model_path
     from lite_verl.plan import check_plan, shape_of
 
@@ -307,13 +307,12 @@ def _check_plan(cfg: Config, gpus: list[Gpu] | None = None) -> None:
         return
     model_dir = resolve_model_path(cfg.model)
     gpus = detect() if gpus is None else gpus
-    with measured_cards(gpus):
-        check_plan(cfg, model_dir)
+    check_plan(cfg, model_dir, card_sizes(gpus))
     check_topology(cfg, shape_of(model_dir), gpus)
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
-    from lite_verl.auto import MODEL_SHAPES, measured_cards
+    from lite_verl.auto import MODEL_SHAPES, card_sizes
     from lite_verl.model import resolve_model_path
     from lite_verl.plan import format_plan, plan, shape_of
 
@@ -324,8 +323,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
         shape = MODEL_SHAPES[args.model_shape.lower()]
     cfg, gpus = _load(args, shape)
     shape = shape or shape_of(resolve_model_path(cfg.model))
-    with measured_cards(gpus or []):
-        print(format_plan(cfg, plan(cfg, shape), shape))
+    print(format_plan(cfg, plan(cfg, shape, card_sizes(gpus or [])), shape))
     return 0
 
 

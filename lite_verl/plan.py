@@ -30,6 +30,7 @@ A prediction, not a measurement: the GPU issue checks it against measured peaks 
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -156,12 +157,14 @@ def head_bytes(cfg: Config, shape: Shape) -> float:
     return blocks + grad
 
 
-def plan(cfg: Config, shape: Shape) -> list[GpuPlan]:
+def plan(cfg: Config, shape: Shape, cards: Mapping[str, float] | None = None) -> list[GpuPlan]:
+    """Per GPU of the config. A card's size comes from `cards` (name -> GiB, e.g. measured by `--preset
+    auto`), else CARD_GIB by its cost.gpu_models name, else 24 GiB."""
     gpus = sorted(set(cfg.rollout.gpus) | set(cfg.train.gpus))
     out = []
     for g in gpus:
         model = cfg.cost.gpu_models[g] if g < len(cfg.cost.gpu_models) else "?"
-        card = CARD_GIB.get(model, 24.0)
+        card = (cards or {}).get(model) or CARD_GIB.get(model, 24.0)
         parts: dict[str, float] = {}
         static = dynamic = 0.0
         if g in cfg.train.gpus:
@@ -268,7 +271,7 @@ def shape_of(model_dir: Path) -> Shape:
     return Shape.from_config(json.loads((Path(model_dir) / "config.json").read_text()))
 
 
-def check_plan(cfg: Config, model_dir: Path) -> None:
+def check_plan(cfg: Config, model_dir: Path, cards: Mapping[str, float] | None = None) -> None:
     """Before anything loads: a GPU config that cannot fit is a ConfigError naming the GPU and the knob."""
     from lite_verl.errors import ConfigError
 
@@ -281,7 +284,7 @@ def check_plan(cfg: Config, model_dir: Path) -> None:
             f"host memory: the run would keep ~{host:.0f} GiB of this machine's {have:.0f} GiB (lite-verl plan); "
             f"{host_knob(cfg)}, or set trainer.plan_check=false to try anyway"
         )
-    for p in plan(cfg, shape):
+    for p in plan(cfg, shape, cards):
         if not p.fits:
             raise ConfigError(
                 f"GPU {p.gpu} ({p.model}, {p.card_gib:.0f} GiB) would need ~{p.peak_gib:.1f} GiB (lite-verl plan); "
