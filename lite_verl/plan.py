@@ -10,7 +10,7 @@ The model's shape comes from its config.json. Per GPU, the roles placed on it ad
   checkpointing 2 * tokens * hidden per layer plus one layer's full set) and the LM head's working set:
   the update never holds [tokens, vocabulary] logits (train/head.fused_log_probs), only ~4 fp32 blocks of
   head.CHUNK_BYTES, one fp32 vocabulary chunk of the weight (fp32 head) and, for full fine-tuning, the
-  head's weight gradient (fp32 accumulator + model.dtype result);
+  head's weight gradient (model.dtype, summed in fp32 one vocabulary chunk at a time);
 * train, full fine-tuning (train/full.py), sharded over W = len(train.gpus) ranks: fsdp keeps fp32 master
   weights (4 bytes per parameter / W) and fp32 gradients + AdamW m, v (12 / W), all in host memory with
   train.offload_params (FSDP2 offloads them together); deepspeed keeps model.dtype weights (b / W; host
@@ -153,7 +153,11 @@ def head_bytes(cfg: Config, shape: Shape) -> float:
     b = BYTES[cfg.model.dtype]
     fp32 = cfg.model.fp32_lm_head and b != 4
     blocks = 4 * CHUNK_BYTES + (CHUNK_ROWS * shape.hidden * 4 if fp32 else 0)
-    grad = shape.vocab * shape.hidden * (4 + b) if cfg.train.backend in ("fsdp", "deepspeed") else 0
+    full = cfg.train.backend in (
+        "fsdp",
+        "deepspeed",
+    )  # the head trains: its gradient, summed a chunk at a time
+    grad = shape.vocab * shape.hidden * b + CHUNK_ROWS * shape.hidden * 4 if full else 0
     return blocks + grad
 
 

@@ -125,31 +125,33 @@ class _FusedLogProbs(torch.autograd.Function):
         h, t = hidden.reshape(-1, hidden.shape[-1]), targets.reshape(-1)
         g_logp = g_logp.reshape(-1) if g_logp is not None else torch.zeros_like(lse)
         g_ent = g_ent.reshape(-1) if g_ent is not None and ctx.with_entropy else None
-        grad_h = (
-            torch.empty(h.shape, dtype=torch.float32, device=h.device) if ctx.needs_input_grad[0] else None
-        )
-        grad_w = (
-            torch.zeros(weight.shape, dtype=torch.float32, device=h.device)
-            if ctx.needs_input_grad[1]
-            else None
-        )
+        want_h, want_w = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
+        grad_h = torch.zeros(h.shape, dtype=torch.float32, device=h.device) if want_h else None
+        grad_w = torch.empty_like(weight) if want_w else None
         scale = 1.0 / ctx.temperature if ctx.temperature > 0 else 1.0
-        step = token_chunk(weight.shape[0])
-        for a in range(0, h.shape[0], step):
-            z = _block_logits(h[a : a + step], weight, ctx.temperature, ctx.fp32)
-            logq = z - lse[a : a + step, None]  # log-softmax of the block
-            p = torch.exp(logq)
-            dz = p * (-g_logp[a : a + step, None])
-            dz.scatter_add_(1, t[a : a + step, None], g_logp[a : a + step, None])
-            if g_ent is not None:
-                dz -= p * (logq + ent[a : a + step, None]) * g_ent[a : a + step, None]
-            dz *= scale
-            if grad_h is not None:
-                grad_h[a : a + step] = _matmul_weight(dz, weight, ctx.fp32)
+        step = max(1, CHUNK_BYTES // (4 * CHUNK_ROWS))  # tokens per [tokens, vocabulary chunk] block
+        # vocabulary chunks outside: the weight's gradient is summed in fp32 one chunk at a time, never
+        # as a whole fp32 [V, H] copy (2.2 GB for a 7B head); p and log p of a chunk need only the saved lse
+        for s in range(0, weight.shape[0], CHUNK_ROWS):
+            w = weight[s : s + CHUNK_ROWS]
+            acc = torch.zeros(w.shape, dtype=torch.float32, device=h.device) if want_w else None
+            for a in range(0, h.shape[0], step):
+                logq = _block_logits(h[a : a + step], w, ctx.temperature, ctx.fp32) - lse[a : a + step, None]
+                p = torch.exp(logq)
+                dz = p * (-g_logp[a : a + step, None])
+                hit = (t[a : a + step] >= s) & (t[a : a + step] < s + w.shape[0])
+                rows = hit.nonzero().squeeze(1)
+                dz[rows, t[a : a + step][rows] - s] += g_logp[a : a + step][rows]
+                if g_ent is not None:
+                    dz -= p * (logq + ent[a : a + step, None]) * g_ent[a : a + step, None]
+                dz *= scale
+                if grad_h is not None:
+                    grad_h[a : a + step] += _matmul_weight(dz, w, ctx.fp32)
+                if acc is not None:
+                    acc += dz.t() @ h[a : a + step].float()
             if grad_w is not None:
-                grad_w += dz.t() @ h[a : a + step].float()
+                grad_w[s : s + CHUNK_ROWS] = acc
         grad_h = grad_h.view(hidden.shape).to(hidden.dtype) if grad_h is not None else None
-        grad_w = grad_w.to(weight.dtype) if grad_w is not None else None
         return grad_h, grad_w, None, None, None, None
 
 
