@@ -24,28 +24,25 @@ CHUNK_BYTES = 128 * 2**20  # one [tokens, vocabulary] fp32 block of the fused lo
 
 
 class _FP32Head(torch.autograd.Function):
+    """Logits for generation and any caller that wants them whole; the same chunked fp32 products as
+    the fused log-probs below."""
+
     @staticmethod
     def forward(ctx, hidden: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
         ctx.save_for_backward(hidden, weight)
-        h = hidden.float()
-        out = torch.empty(*hidden.shape[:-1], weight.shape[0], dtype=torch.float32, device=hidden.device)
-        for s in range(0, weight.shape[0], CHUNK_ROWS):
-            out[..., s : s + CHUNK_ROWS] = h @ weight[s : s + CHUNK_ROWS].float().t()
-        return out
+        z = _block_logits(hidden.reshape(-1, hidden.shape[-1]), weight, 0.0, True)
+        return z.view(*hidden.shape[:-1], weight.shape[0])
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor):  # type: ignore[override]
         hidden, weight = ctx.saved_tensors
-        grad_h = grad_w = None
-        if ctx.needs_input_grad[0]:
-            grad_h = torch.zeros(hidden.shape, dtype=torch.float32, device=hidden.device)
-            for s in range(0, weight.shape[0], CHUNK_ROWS):
-                grad_h += grad[..., s : s + CHUNK_ROWS] @ weight[s : s + CHUNK_ROWS].float()
-            grad_h = grad_h.to(hidden.dtype)
-        if ctx.needs_input_grad[1]:
-            g2 = grad.reshape(-1, grad.shape[-1])
-            h2 = hidden.reshape(-1, hidden.shape[-1]).float()
-            grad_w = (g2.t() @ h2).to(weight.dtype)
+        g2, h2 = grad.reshape(-1, grad.shape[-1]), hidden.reshape(-1, hidden.shape[-1])
+        grad_h = (
+            _matmul_weight(g2, weight, True).view(hidden.shape).to(hidden.dtype)
+            if ctx.needs_input_grad[0]
+            else None
+        )
+        grad_w = (g2.t() @ h2.float()).to(weight.dtype) if ctx.needs_input_grad[1] else None
         return grad_h, grad_w
 
 
