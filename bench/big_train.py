@@ -52,17 +52,11 @@ def predicted(sets: list[str], model: Path) -> tuple[float, str]:
     """(the plan's trainer allocation in GiB, the plan's host-memory refusal or ''). The GPU side is not
     checked here: a 24 GB card with vLLM beside the trainer is not this layout, the cap is."""
     from lite_verl.config import load_config
-    from lite_verl.plan import HOST_USABLE, host_parts, host_total_gib, plan, shape_of
+    from lite_verl.plan import host_refusal, plan, shape_of
 
     cfg = load_config("4090x1", None, sets)
     shape = shape_of(model)
-    host, have = sum(host_parts(cfg, shape).values()), host_total_gib()
-    refused = (
-        f"host memory ~{host:.0f} GiB > {HOST_USABLE:.0%} of {have:.0f} GiB"
-        if host > HOST_USABLE * have
-        else ""
-    )
-    return plan(cfg, shape)[0].train_alloc_gib, refused
+    return plan(cfg, shape)[0].train_alloc_gib, host_refusal(cfg, shape)
 
 
 def run_variant(backend: str, size: str, args: argparse.Namespace, cmd: str) -> None:

@@ -211,6 +211,15 @@ def host_parts(cfg: Config, shape: Shape) -> dict[str, float]:
     return parts
 
 
+def host_refusal(cfg: Config, shape: Shape) -> str:
+    """Why this machine's RAM cannot hold what the run keeps in host memory (with the knob), or ''."""
+    host, have = sum(host_parts(cfg, shape).values()), host_total_gib()
+    if not have or host <= HOST_USABLE * have:
+        return ""
+    return (f"host memory: the run would keep ~{host:.0f} GiB of this machine's {have:.0f} GiB (lite-verl plan); "
+            f"{host_knob(cfg)}")  # fmt: skip
+
+
 def host_total_gib() -> float:
     """This machine's physical memory in GiB (0 where it cannot be read)."""
     import os
@@ -282,12 +291,9 @@ def check_plan(cfg: Config, model_dir: Path, cards: Mapping[str, float] | None =
     if not cfg.trainer.plan_check or not (cfg.rollout.gpus or cfg.train.gpus):
         return
     shape = shape_of(model_dir)
-    host, have = sum(host_parts(cfg, shape).values()), host_total_gib()
-    if have and host > HOST_USABLE * have:
-        raise ConfigError(
-            f"host memory: the run would keep ~{host:.0f} GiB of this machine's {have:.0f} GiB (lite-verl plan); "
-            f"{host_knob(cfg)}, or set trainer.plan_check=false to try anyway"
-        )
+    host = host_refusal(cfg, shape)
+    if host:
+        raise ConfigError(f"{host}, or set trainer.plan_check=false to try anyway")
     for p in plan(cfg, shape, cards):
         if not p.fits:
             raise ConfigError(
