@@ -39,9 +39,10 @@ def _cfg(backend: str, *extra: str):
 def _backend(backend: str, *extra: str):
     from lite_verl.model import resolve_model_path
     from lite_verl.train.full import build_full_backend
+    from lite_verl.train.group import rank_device
 
     cfg = _cfg(backend, *extra)
-    return build_full_backend(cfg, resolve_model_path(cfg.model)), cfg
+    return build_full_backend(cfg, resolve_model_path(cfg.model), rank_device(cfg.train, 0)), cfg
 
 
 def _batch() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

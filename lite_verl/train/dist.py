@@ -43,14 +43,6 @@ def launched() -> bool:
     return "WORLD_SIZE" in os.environ and "RANK" in os.environ
 
 
-def train_device(gpus: tuple[int, ...]) -> torch.device:
-    """This rank's device: train.gpus[LOCAL_RANK] under a launcher, else the first train GPU, or the CPU."""
-    if not gpus:
-        return torch.device("cpu")
-    local = int(os.environ.get("LOCAL_RANK", "0")) if launched() else 0
-    return torch.device(f"cuda:{gpus[local]}")
-
-
 def ensure_process_group(device: torch.device) -> tuple[int, int]:
     """-> (rank, world size). Joins the group a launcher or an earlier backend made, or starts a
     one-process group."""

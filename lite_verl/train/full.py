@@ -335,12 +335,11 @@ def load_full_model(cfg: Config, model_dir: Path, dtype: str) -> torch.nn.Module
     return prepare_model(model, fp32_head, cfg.train.gradient_checkpointing)
 
 
-def build_full_backend(cfg: Config, model_dir: Path, device: torch.device | None = None) -> FullBackend:
-    """train.backend=fsdp|deepspeed on `device` (default: this rank's train device), over the process
+def build_full_backend(cfg: Config, model_dir: Path, device: torch.device) -> FullBackend:
+    """train.backend=fsdp|deepspeed on `device` (this rank's, train/group.rank_device), over the process
     group of train/dist.py."""
-    from lite_verl.train.dist import ensure_process_group, train_device
+    from lite_verl.train.dist import ensure_process_group
 
-    device = device or train_device(cfg.train.gpus)
     _, world = ensure_process_group(device)
     model = load_full_model(cfg, model_dir, "float32")  # fp32 masters; compute in model.dtype
     if cfg.train.backend == "deepspeed":
