@@ -48,11 +48,9 @@ def single_process_group_env() -> None:
     mode in this process (its engine joins a process group of one). Set after lite-verl's own runs, which
     are subprocesses that must not inherit them; values already set win."""
     import os
-    import socket
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    from lite_verl.train.dist import free_port
+
     for key, value in {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "LOCAL_WORLD_SIZE": "1",
-                       "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}.items():  # fmt: skip
+                       "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())}.items():  # fmt: skip
         os.environ.setdefault(key, value)
