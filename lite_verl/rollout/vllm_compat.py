@@ -246,15 +246,21 @@ def copy_awq_in_place(model: Any, named_tensors: list[tuple[str, Any]]) -> None:
                     break
         if target is None or not hasattr(target, attr):
             raise KeyError(f"copy_awq_in_place: no parameter for {name} in the served model")
-        if attr in AWQ_TENSORS and _repacks(target):  # collect the whole layer, then re-process it
-            got = pending.setdefault(target_name, {}).setdefault(leaf, {})
+        if _repacks(target) and (attr in AWQ_TENSORS or attr == "bias"):  # collect the whole layer, then
+            got = pending.setdefault(target_name, {}).setdefault(leaf, {})  # re-process it
             got[attr] = tensor
-            layer = pending[target_name]
-            if all(set(layer.get(p, {})) >= set(AWQ_TENSORS) for p in parts):
+            layer, wanted = pending[target_name], set(_layer_tensors(target))
+            if all(set(layer.get(p, {})) >= wanted for p in parts):
                 _reprocess_layer(target_name, target, [layer[p] for p in parts])
                 del pending[target_name]
             continue
         _copy_checkpoint_layout(name, target, attr, shard, tensor)
+
+
+def _layer_tensors(layer: Any) -> tuple[str, ...]:
+    """What a re-processed layer needs from each shard: the bias too where it has one (Marlin permutes
+    the bias after loading, so the served bias is not in the checkpoint's layout either)."""
+    return AWQ_TENSORS + (("bias",) if getattr(layer, "bias", None) is not None else ())
 
 
 def _repacks(layer: Any) -> bool:
@@ -289,7 +295,12 @@ def _reprocess_layer(name: str, layer: Any, shards: list[dict[str, Any]]) -> Non
     live = dict(layer._parameters)
     kernel = layer.quant_method.kernel
     workspace = getattr(kernel, "workspace", None)
-    cat = {k: torch.cat([s[k] for s in shards], dim=-1) for k in AWQ_TENSORS}
+    cat = {k: torch.cat([s[k] for s in shards], dim=-1) for k in _layer_tensors(layer)}
+    act = getattr(getattr(kernel, "config", None), "act_type", None)  # the dtype the layer was built with
+    if isinstance(act, torch.dtype) and act.is_floating_point and act.itemsize > 1:
+        cat["scales"] = cat["scales"].to(act)
+        if "bias" in cat:
+            cat["bias"] = cat["bias"].to(act)
     pack = cat["scales"].shape[-1] // cat["qweight"].shape[-1]
     for k in ("qweight", "qzeros"):
         layer._parameters[k] = PackedvLLMParameter(
@@ -303,6 +314,8 @@ def _reprocess_layer(name: str, layer: Any, shards: list[dict[str, Any]]) -> Non
     layer._parameters["scales"] = GroupQuantScaleParameter(
         data=cat["scales"].contiguous(), input_dim=0, output_dim=1, weight_loader=noop
     )
+    if "bias" in cat:
+        layer._parameters["bias"] = torch.nn.Parameter(cat["bias"].contiguous(), requires_grad=False)
     layer.quant_method.process_weights_after_loading(layer)
     for key, old in live.items():
         new = layer._parameters.get(key)
