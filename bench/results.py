@@ -52,7 +52,12 @@ NOTES = {  # what a reader must know about a table that its rows do not say
     "logits (8 x 256 x 151936 x 4 B = 1.16 GiB per copy): the plan counted 3 copies, the update held ~6 "
     "(logits, their /temperature copy, the entropy's softmax and product, log-softmax, gradients). fsdp at 7B "
     "is refused by the plan before loading: its offloaded fp32 state needs ~142 GiB of host memory, this "
-    "machine has 126 GiB.",
+    "machine has 126 GiB."
+    " 1bbebdb, with the fused head (train/head.fused_log_probs): 7B qlora 7.33 GiB measured vs 7.14 "
+    "planned (-2.6%, within the 10% target); 1.5B fsdp + offload 2.57 GiB vs 2.01 planned (-22%, MISSED):"
+    " the plan lacked FSDP2's last gradient reduction (the root group's bf16 gradient, its fp32 cast and "
+    "fp32 shard: 2.17 GiB at 1.5B), added after this run as `root gradient reduce (fp32)`; re-measure "
+    "pending. fsdp updates are slow (47 s at 1.5B: AdamW over 1.5B fp32 parameters on the host).",
     "awq_rollout": "Random-init weights; the AWQ twin is packed by lite-verl with unit scales and no clip (speed "
     "and memory only). engine_weights_gb = bytes of the tensors vLLM serves. bf16 (bbbec8d) and awq_adapter "
     "(fcb75b9) ran in separate calls on the same H200. NEGATIVE, and not a like-for-like pair: the bf16 row served merged weights "
@@ -64,7 +69,13 @@ NOTES = {  # what a reader must know about a table that its rows do not say
     "89d76d8 (1.5B, enforce_eager): bf16 merged 20.4k tokens/s vs bf16 + LoRA adapter 7.6k: vLLM's LoRA "
     "kernels cost 2.7x decode throughput at this size. The awq_merged variant FAILED at its first sync: "
     "copy_awq_in_place hit a fused layer whose served tensor is 1536 wide where the shard is 192 packed "
-    "columns (the served layout on 0.26 is not the checkpoint's); no AWQ rows from that run.",
+    "columns (the served layout on 0.26 is not the checkpoint's); no AWQ rows from that run."
+    " 1bbebdb (1.5B, enforce_eager, one run): merged AWQ sync WORKS on vLLM 0.26: each layer is re-"
+    "processed through the served AutoAWQ-Marlin method and copied into the engine's own tensors (the "
+    "bias too: Marlin permutes it), in 469 ms (target <= 1 s MET). Rollout: bf16 merged 13.1k tokens/s, "
+    "AWQ merged 7.8k (0.60x of bf16: NEGATIVE on an H200, whose memory bandwidth leaves 4-bit weights "
+    "little to win at 1.5B and batch 256), AWQ + adapter 4.9k (merged AWQ is 1.61x of it). Engine weights"
+    " 2.88 vs 1.08 GiB: the KV cache gains 7% of tokens at gpu_memory_utilization 0.3.",
     "split_gpu": "Issue #5 on one H200: trainer (LoRA, Qwen2.5-0.5B shape, random) and vLLM worker as two processes "
     "on GPU 0, neither sleeping; reward = a random 2-layer scalar-head model loaded on cuda:0 per scoring "
     "(keep_alive_s=0). max_staleness=1 overlapped 58 s of rollout with updates: 93 s vs 155 s for 12 steps "
@@ -101,7 +112,12 @@ NOTES = {  # what a reader must know about a table that its rows do not say
     "32 x 8 x 256 tokens, vLLM colocated on both sides): NEGATIVE, lite-verl 15.2k tokens/s vs TRL 21.9k "
     "(0.69x), device peak 55 vs 49 GiB. lite-verl ran with sync.mode=adapter, so vLLM decoded through its LoRA "
     "kernels (2.7x slower decode, see awq_rollout), while TRL merges the adapter into vLLM's weights each "
-    "step; `--sync merged` is the like-for-like run.",
+    "step; `--sync merged` is the like-for-like run."
+    " 1bbebdb, --sync merged: the call's time limit cut the run during TRL's side, so lite-verl's figures"
+    " come from its metrics.jsonl and the ratio uses TRL's figures of the 89d76d8 run (same settings, TRL"
+    " code unchanged). NEGATIVE and a REGRESSION: 7.4k tokens/s, 0.34x TRL. The update took 14.2 s per "
+    "step (median) where the whole 89d76d8 step took 8.5 s; the rollout (2.6 s) and the sync (0.22 s) are"
+    " not the cause. bench/profile_update.py isolates the update for the next GPU session.",
 }
 FIELDS = ("bench", "date", "commit", "hardware", "model", "settings", "metric", "value", "unit", "command")
 

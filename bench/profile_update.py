@@ -1,0 +1,148 @@
+"""Benchmark: where the LoRA update's time goes, one GRPO update on a fixed random batch.
+
+    python bench/profile_update.py [--size 1.5b] [--rows 256] [--prompt 128] [--response 256]
+                                   [--variants fused,plain,bf16_head,no_ckpt] [--trace DIR]
+
+The trainer exactly as `lite-verl train --preset 4090x1` builds it (train/group.build_trainer, the
+preset's micro-batch and checkpointing), fed one step's batch of random tokens, and `update.run_update`
+timed after a warm-up. Variants change one thing each:
+  fused      the default: log-probs and entropy from the hidden states (train/head.fused_log_probs)
+  plain      materialised logits (the head as the model runs it, then log-softmax)
+  bf16_head  the fused path with the head's product in the model's dtype (model.fp32_lm_head=false)
+  no_ckpt    the default without gradient checkpointing
+Each variant prints its time and trained tokens/s, and the top operators of one profiled update (by
+device time on a GPU, CPU time on a CPU). A Qwen2.5-{size} shape with random weights on a GPU;
+lite-verl's tiny Qwen2 on a CPU.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from gpu_models import bench_model  # noqa: E402
+from results import REPORT, append, render  # noqa: E402
+
+VARIANTS = {
+    "fused": [],
+    "plain": [],
+    "bf16_head": ["model.fp32_lm_head=false"],
+    "no_ckpt": ["train.gradient_checkpointing=false"],
+}
+
+
+def fake_batch(rows: int, prompt: int, response: int, vocab: int, seed: int):
+    """One step's rollout of random tokens: full-length prompts and responses, a spread of rewards."""
+    from lite_verl.batch import RolloutBatch, UpdateBatch
+
+    g = torch.Generator().manual_seed(seed)
+    rollout = RolloutBatch(
+        prompt_ids=torch.randint(3, vocab, (rows, prompt), generator=g),
+        prompt_mask=torch.ones(rows, prompt, dtype=torch.long),
+        response_ids=torch.randint(3, vocab, (rows, response), generator=g),
+        response_mask=torch.ones(rows, response, dtype=torch.long),
+        rollout_log_probs=-torch.rand(rows, response, generator=g) * 5,
+    )
+    n = 8
+    scores = torch.rand(rows, generator=g)
+    return UpdateBatch(rollout, scores, torch.arange(rows // n).repeat_interleave(n), None, 1)
+
+
+def sync() -> None:
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
+def measure(variant: str, model_dir: Path, args) -> dict[str, float]:
+    from lite_verl.config import load_config
+    from lite_verl.loop import resolve_auto
+    from lite_verl.train.group import build_trainer
+    from lite_verl.update import MicroBatchSize, make_kl_controller, run_update
+
+    gpu = torch.cuda.is_available()
+    sets = [
+        f"model.path={model_dir}",
+        "algorithm.use_kl_loss=false",
+        "rollout.quantization=none",
+        *VARIANTS[variant],
+    ]
+    if args.micro:
+        sets.append(f"train.micro_batch_size={args.micro}")
+    cfg = resolve_auto(load_config("4090x1" if gpu else "laptop", None, sets))
+    device = torch.device("cuda:0" if gpu else "cpu")
+    backend = build_trainer(cfg, model_dir, device, 1)
+    if variant == "plain":
+        backend.fused_head = False
+    vocab = min(backend.model.get_base_model().get_output_embeddings().weight.shape[0], args.max_token_id)
+    batch = fake_batch(args.rows, args.prompt, args.response, vocab, 0)
+    kl = make_kl_controller(cfg.algorithm)
+    micro = MicroBatchSize(cfg.train.micro_batch_size)
+    run_update(backend, batch, cfg, kl, micro)  # warm-up
+    sync()
+    if gpu:
+        torch.cuda.reset_peak_memory_stats(device)
+    times = []
+    for _ in range(args.repeats):
+        t0 = time.perf_counter()
+        run_update(backend, batch, cfg, kl, micro)
+        sync()
+        times.append(time.perf_counter() - t0)
+    out = {
+        "update_s": min(times),
+        "trained_tokens_per_s": args.rows * (args.prompt + args.response) / min(times),
+    }
+    if gpu:
+        out["peak_gib"] = torch.cuda.max_memory_allocated(device) / 2**30
+    from torch.profiler import ProfilerActivity, profile
+
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if gpu else [])
+    with profile(activities=acts) as prof:
+        run_update(backend, batch, cfg, kl, micro)
+        sync()
+    key = "self_cuda_time_total" if gpu else "self_cpu_time_total"
+    print(f"--- {variant}: top operators by {key}", flush=True)
+    print(prof.key_averages().table(sort_by=key, row_limit=18, max_name_column_width=60), flush=True)
+    if args.trace:
+        args.trace.mkdir(parents=True, exist_ok=True)
+        prof.export_chrome_trace(str(args.trace / f"{variant}.json"))
+    del backend
+    if gpu:
+        torch.cuda.empty_cache()
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--size", default="1.5b")
+    ap.add_argument("--rows", type=int, default=256)
+    ap.add_argument("--prompt", type=int, default=128)
+    ap.add_argument("--response", type=int, default=256)
+    ap.add_argument("--micro", type=int, default=0, help="train.micro_batch_size (0: the preset's)")
+    ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--max-token-id", type=int, default=512, help="random tokens below this id")
+    ap.add_argument("--variants", default="fused,plain,bf16_head,no_ckpt")
+    ap.add_argument("--trace", type=Path, help="write each variant's chrome trace here")
+    ap.add_argument("--root", default="/tmp/models")
+    args = ap.parse_args()
+    model_dir, label = bench_model(args.size, Path(args.root))
+    cmd = " ".join(["python bench/profile_update.py", *sys.argv[1:]])
+    for variant in args.variants.split(","):
+        r = measure(variant, model_dir, args)
+        print(f"{variant}: " + ", ".join(f"{k} {v:.3f}" for k, v in r.items()), flush=True)
+        settings = (
+            f"{variant}: one GRPO update (LoRA, preset {'4090x1' if torch.cuda.is_available() else 'laptop'}), "
+            f"{args.rows} rows x ({args.prompt} prompt + {args.response} response) random tokens, no KL"
+        )
+        units = {"update_s": "s", "trained_tokens_per_s": "token/s", "peak_gib": "GiB"}
+        for metric, value in r.items():
+            append("profile_update", label, settings, metric, value, units[metric], cmd)
+    REPORT.write_text(render())
+
+
+if __name__ == "__main__":
+    main()
