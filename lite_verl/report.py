@@ -17,7 +17,7 @@ from lite_verl.config import Config
 from lite_verl.cost import BillRow
 from lite_verl.errors import UserError
 
-PHASES = ("rollout", "reward", "update", "sync")
+PHASES = ("rollout", "reward", "sleep", "update", "sync")  # sleep: a colocated vLLM freeing its memory
 
 
 def _load(run_dir: Path) -> tuple[Config, list[dict[str, Any]], dict[str, Any]]:
