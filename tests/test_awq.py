@@ -286,3 +286,21 @@ def test_copy_awq_in_place_matches_a_freshly_loaded_vllm_layer(monkeypatch):
     assert torch.equal(after, fresh.quant_method.apply(fresh, x, fresh.bias))
     assert not torch.allclose(after, before)  # the layer does serve the new weights
     assert all(live._parameters[k] is p for k, p in held.items())  # the engine's own tensors, refilled
+
+
+def test_group_size_that_does_not_divide_the_model_is_a_config_error(tmp_path):
+    """SmolLM2-135M's hidden size is 576 = 4.5 x 128: the default group size cannot quantize it, and the
+    error names the one that can before any calibration starts."""
+    import json
+
+    from lite_verl.errors import ConfigError
+    from lite_verl.quant.awq import check_group_size
+
+    (tmp_path / "config.json").write_text(json.dumps({"hidden_size": 576, "intermediate_size": 1536}))
+    with pytest.raises(ConfigError, match=r"rollout.awq_group_size=128 does not divide .*hidden_size=576: "
+                                          r"set rollout.awq_group_size=64"):  # fmt: skip
+        check_group_size(tmp_path, 128)
+    check_group_size(tmp_path, 64)  # fits: no error
+    (tmp_path / "config.json").write_text(json.dumps({"hidden_size": 584, "intermediate_size": 1536}))
+    with pytest.raises(ConfigError, match="use rollout.quantization=none"):
+        check_group_size(tmp_path, 32)

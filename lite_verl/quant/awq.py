@@ -30,7 +30,7 @@ from typing import Any
 
 import torch
 
-from lite_verl.errors import MissingDependency, ModelError
+from lite_verl.errors import ConfigError, MissingDependency, ModelError
 
 RECIPE_FILE = (
     "lite_verl_awq_recipe.st"  # safetensors format; not *.safetensors, which vLLM would load as weights
@@ -269,6 +269,7 @@ def quantize_model(
 ) -> Path:
     """AWQ-quantize model_dir into out_dir (atomically), calibrated on token-id sequences `calib`;
     out_dir loads in vLLM (quantization awq / awq_marlin) and holds lite-verl's recipe."""
+    check_group_size(model_dir, settings.group_size)
     require_autoawq()
     import warnings
 
@@ -312,6 +313,26 @@ def quantize_model(
             "settings": asdict(settings), "calib_sequences": len(seqs), "calib_tokens": total,
         }, indent=1))  # fmt: skip
     return Path(out_dir)
+
+
+def check_group_size(model_dir: Path, group: int) -> None:
+    """Every quantized linear layer's input (hidden_size; intermediate_size for the MLP's down
+    projection) must be whole groups; else one line naming the group size that fits."""
+    f = Path(model_dir) / "config.json"
+    if not f.is_file():
+        return  # the model loader reports a missing or malformed directory itself
+    config = json.loads(f.read_text())
+    config = config.get("text_config", config)
+    widths = {k: config[k] for k in ("hidden_size", "intermediate_size") if isinstance(config.get(k), int)}
+    bad = {k: v for k, v in widths.items() if v % group}
+    if not bad:
+        return
+    fits = [g for g in (128, 64, 32) if all(v % g == 0 for v in widths.values())]
+    fix = f"set rollout.awq_group_size={fits[0]}" if fits else "use rollout.quantization=none"
+    k, v = next(iter(bad.items()))
+    raise ConfigError(
+        f"rollout.awq_group_size={group} does not divide {Path(model_dir).name}'s {k}={v}: {fix}"
+    )
 
 
 def quantized_for_run(model_dir: Path, calib: list[list[int]], settings: AWQSettings = AWQSettings()) -> Path:
