@@ -9,6 +9,7 @@ timed after a warm-up. Variants change one thing each:
   fused      the default: log-probs and entropy from the hidden states (train/head.fused_log_probs)
   plain      materialised logits (the head as the model runs it, then log-softmax)
   bf16_head  the fused path with the head's product in the model's dtype (model.fp32_lm_head=false)
+  exact_fp32 the fused path with the fp32 head on fp32 cores (no tensor cores: the 1bbebdb code)
   no_ckpt    the default without gradient checkpointing
 Each variant prints its time and trained tokens/s, and the top operators of one profiled update (by
 device time on a GPU, CPU time on a CPU). A Qwen2.5-{size} shape with random weights on a GPU;
@@ -32,6 +33,7 @@ VARIANTS = {
     "fused": [],
     "plain": [],
     "bf16_head": ["model.fp32_lm_head=false"],
+    "exact_fp32": [],
     "no_ckpt": ["train.gradient_checkpointing=false"],
 }
 
@@ -78,6 +80,9 @@ def measure(variant: str, model_dir: Path, args) -> dict[str, float]:
     backend = build_trainer(cfg, model_dir, device, 1)
     if variant == "plain":
         backend.fused_head = False
+    from lite_verl.train import head
+
+    head.EXACT_FP32 = variant == "exact_fp32"
     vocab = min(backend.model.get_base_model().get_output_embeddings().weight.shape[0], args.max_token_id)
     batch = fake_batch(args.rows, args.prompt, args.response, vocab, 0)
     kl = make_kl_controller(cfg.algorithm)
@@ -125,7 +130,7 @@ def main() -> None:
     ap.add_argument("--micro", type=int, default=0, help="train.micro_batch_size (0: the preset's)")
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--max-token-id", type=int, default=512, help="random tokens below this id")
-    ap.add_argument("--variants", default="fused,plain,bf16_head,no_ckpt")
+    ap.add_argument("--variants", default="fused,exact_fp32,plain,bf16_head,no_ckpt")
     ap.add_argument("--trace", type=Path, help="write each variant's chrome trace here")
     ap.add_argument("--root", default="/tmp/models")
     args = ap.parse_args()

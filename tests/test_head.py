@@ -51,3 +51,31 @@ def test_fused_without_entropy_and_in_bf16():
     (g,) = torch.autograd.grad(lp.sum(), hidden)
     (rg,) = torch.autograd.grad(rlp.sum(), hidden)
     assert g.dtype == torch.bfloat16 and torch.allclose(g.float(), rg.float(), atol=2e-2)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_tensor_core_fp32_head_equals_fp32_cores(monkeypatch, dtype):
+    """On a GPU the fp32 head multiplies the model-dtype operands on tensor cores with an fp32 result
+    (backward: TF32): the same log-probs, entropy and gradients as the product on fp32 cores."""
+    torch.manual_seed(2)
+    vocab, hdim = 50_000, 512
+    weight = (torch.randn(vocab, hdim, device="cuda") * 0.05).to(dtype).requires_grad_()
+    hidden = torch.randn(4, 64, hdim, device="cuda").to(dtype).requires_grad_()
+    targets = torch.randint(0, vocab, (4, 64), device="cuda")
+
+    def run(exact):
+        monkeypatch.setattr(head, "EXACT_FP32", exact)
+        lp, ent = fused_log_probs(hidden, weight, targets, 1.0, True, True)
+        grads = torch.autograd.grad(lp.sum() + 0.1 * ent.sum(), (hidden, weight))
+        return lp, ent, grads
+
+    lp, ent, (gh, gw) = run(False)
+    rlp, rent, (rgh, rgw) = run(True)
+    assert head._MM_OUT_DTYPE[0], (
+        "this torch's CUDA mm has no out_dtype: the fp32 head falls back to fp32 cores"
+    )
+    assert (lp - rlp).abs().max() < 1e-4 and (ent - rent).abs().max() < 1e-4
+    for got, want in ((gh, rgh), (gw, rgw)):
+        assert torch.allclose(got.float(), want.float(), rtol=2e-2, atol=2e-3)

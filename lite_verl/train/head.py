@@ -42,7 +42,8 @@ class _FP32Head(torch.autograd.Function):
             if ctx.needs_input_grad[0]
             else None
         )
-        grad_w = (g2.t() @ h2.float()).to(weight.dtype) if ctx.needs_input_grad[1] else None
+        tf32 = _tensor_cores(g2, weight)
+        grad_w = _fp32_product(g2.t(), h2.float(), tf32).to(weight.dtype) if ctx.needs_input_grad[1] else None
         return grad_h, grad_w
 
 
@@ -68,11 +69,34 @@ def token_chunk(vocab: int) -> int:
     return max(1, CHUNK_BYTES // (4 * vocab))
 
 
+EXACT_FP32 = False  # True: every fp32 head product on fp32 cores, as on a CPU (bench/profile_update.py)
+
+
+def _tensor_cores(h: torch.Tensor, weight: torch.Tensor) -> bool:
+    """Whether the fp32 head's products can run on a GPU's tensor cores without changing the result:
+    bf16/fp16 operands multiply exactly in fp32 and the sum is accumulated in fp32 either way."""
+    return (
+        not EXACT_FP32
+        and h.is_cuda
+        and weight.dtype in (torch.bfloat16, torch.float16)
+        and h.dtype in (weight.dtype, torch.float32)
+    )
+
+
 def _block_logits(h: torch.Tensor, weight: torch.Tensor, temperature: float, fp32: bool) -> torch.Tensor:
-    """[T, H] x [V, H] -> fp32 [T, V] logits / temperature; fp32: the product itself in fp32 (a vocabulary
-    chunk of the weight cast at a time), else in the weight's dtype and then widened, as the model would."""
+    """[T, H] x [V, H] -> fp32 [T, V] logits / temperature; fp32: the product accumulated and returned in
+    fp32 (no logit rounded to the model's dtype), else in the weight's dtype and then widened, as the
+    model would. On a GPU the fp32 product takes the low-precision operands on tensor cores with an
+    fp32 output (the hidden states are the model's output in its dtype, so nothing is rounded); on a
+    CPU a vocabulary chunk of the weight is cast to fp32 at a time."""
     if not fp32:
         z = (h.to(weight.dtype) @ weight.t()).float()
+    elif (
+        _tensor_cores(h, weight)
+        and h.dtype == weight.dtype
+        and (z := _mm_fp32_out(h, weight.t())) is not None
+    ):
+        pass
     else:
         z = torch.empty(h.shape[0], weight.shape[0], dtype=torch.float32, device=h.device)
         hf = h.float()
@@ -81,13 +105,42 @@ def _block_logits(h: torch.Tensor, weight: torch.Tensor, temperature: float, fp3
     return z / temperature if temperature > 0 else z
 
 
+_MM_OUT_DTYPE = [True]  # this torch's CUDA mm takes out_dtype (2.8+); cleared at the first refusal
+
+
+def _mm_fp32_out(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor | None:
+    """a @ b of bf16/fp16 operands with an fp32 result from cuBLAS's fp32 accumulator; None where torch
+    cannot (the caller then casts to fp32)."""
+    if not _MM_OUT_DTYPE[0]:
+        return None
+    try:
+        return torch.mm(a, b, out_dtype=torch.float32)
+    except (RuntimeError, TypeError, NotImplementedError):
+        _MM_OUT_DTYPE[0] = False
+        return None
+
+
+def _fp32_product(a: torch.Tensor, b: torch.Tensor, tf32: bool) -> torch.Tensor:
+    """a @ b in fp32; tf32: on tensor cores, each operand rounded to TF32's 10-bit mantissa (exact for
+    bf16/fp16 values, ~5e-4 relative for fp32 gradients of logits), the sum accumulated in fp32."""
+    if not tf32:
+        return a @ b
+    previous = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = True
+    try:
+        return a @ b
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = previous
+
+
 def _matmul_weight(dz: torch.Tensor, weight: torch.Tensor, fp32: bool) -> torch.Tensor:
     """dz [T, V] x weight [V, H] -> [T, H] fp32, a vocabulary chunk of the weight at a time."""
     if not fp32:
         return (dz.to(weight.dtype) @ weight).float()
+    tf32 = _tensor_cores(dz, weight)
     out = torch.zeros(dz.shape[0], weight.shape[1], dtype=torch.float32, device=dz.device)
     for s in range(0, weight.shape[0], CHUNK_ROWS):
-        out += dz[:, s : s + CHUNK_ROWS] @ weight[s : s + CHUNK_ROWS].float()
+        out += _fp32_product(dz[:, s : s + CHUNK_ROWS], weight[s : s + CHUNK_ROWS].float(), tf32)
     return out
 
 
@@ -145,7 +198,7 @@ class _FusedLogProbs(torch.autograd.Function):
                 if grad_h is not None:
                     grad_h[a : a + step] += _matmul_weight(dz, w, ctx.fp32)
                 if acc is not None:
-                    acc += dz.t() @ h[a : a + step].float()
+                    acc += _fp32_product(dz.t(), h[a : a + step].float(), _tensor_cores(dz, w))
             if grad_w is not None:
                 grad_w[s : s + CHUNK_ROWS] = acc
         grad_h = grad_h.view(hidden.shape).to(hidden.dtype) if grad_h is not None else None
