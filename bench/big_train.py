@@ -1,7 +1,7 @@
 """Benchmark (issue #10): GRPO steps of big models with the trainer capped at a 24 GB card's memory,
 measured peak vs `lite-verl plan`'s prediction.
 
-    python bench/big_train.py [--variants qlora:7b,fsdp:3b,fsdp:7b] [--steps 3] [--cap 24]
+    python bench/big_train.py [--variants qlora:7b,fsdp:3b,fsdp:7b,fsdp16:7b] [--steps 3] [--cap 24]
 
 Each variant runs `lite-verl train` (4090x1 preset) on a random Qwen2.5-shaped model (bench/gpu_models.py)
 with `train.max_memory_gib=CAP`: the trainer process may allocate no more than a 24 GB card holds. The vLLM
@@ -12,7 +12,10 @@ token count is exact. Figures per variant: the trainer's peak allocated memory o
 (torch.cuda.max_memory_allocated, summary.json train_peak_gib), the plan's prediction of it
 (GpuPlan.train_alloc_gib: weights, trainable state, activations, the LM head's working set; no CUDA context), the
 relative error, and the median step time. A variant the plan refuses (for instance fsdp at 7B, whose
-offloaded fp32 state needs ~140 GiB of host memory) is recorded as refused with the plan's reason.
+offloaded fp32 state needs ~140 GiB of host memory) is recorded as refused with the plan's reason;
+fsdp16 is fsdp with AdamW's moments in bf16 (train.optimizer_state_dtype=bfloat16: 12 bytes per
+parameter on the host instead of 16) and no KL (no reference copy on the host), which bring a 7B
+within a 128 GB machine. host_peak_gib is the trainer process's peak RSS against the plan's host total.
 """
 
 from __future__ import annotations
@@ -32,6 +35,8 @@ BACKEND_SETS = {
     "qlora": ["train.backend=qlora", "sync.mode=adapter"],
     "lora": ["train.backend=lora", "sync.mode=adapter"],
     "fsdp": ["train.backend=fsdp", "train.offload_params=true", "train.offload_optimizer=true", "sync.mode=merged"],
+    "fsdp16": ["train.backend=fsdp", "train.offload_params=true", "train.offload_optimizer=true", "sync.mode=merged",
+               "train.optimizer_state_dtype=bfloat16", "algorithm.use_kl_loss=false"],
     "deepspeed": ["train.backend=deepspeed", "train.offload_params=true", "train.offload_optimizer=true",
                   "sync.mode=merged"],
 }  # fmt: skip
@@ -48,23 +53,25 @@ def run_sets(model: Path, backend: str, args: argparse.Namespace) -> list[str]:
     ]  # fmt: skip
 
 
-def predicted(sets: list[str], model: Path) -> tuple[float, str]:
-    """(the plan's trainer allocation in GiB, the plan's host-memory refusal or ''). The GPU side is not
-    checked here: a 24 GB card with vLLM beside the trainer is not this layout, the cap is."""
+def predicted(sets: list[str], model: Path) -> tuple[float, str, float]:
+    """(the plan's trainer allocation in GiB, the plan's host-memory refusal or '', the plan's host memory
+    in GiB). The GPU side is not checked here: a 24 GB card with vLLM beside the trainer is not this
+    layout, the cap is."""
     from lite_verl.config import load_config
-    from lite_verl.plan import host_refusal, plan, shape_of
+    from lite_verl.plan import host_parts, host_refusal, plan, shape_of
 
     cfg = load_config("4090x1", None, sets)
     shape = shape_of(model)
-    return plan(cfg, shape)[0].train_alloc_gib, host_refusal(cfg, shape)
+    host = sum(host_parts(cfg, shape).values())
+    return plan(cfg, shape)[0].train_alloc_gib, host_refusal(cfg, shape), host
 
 
 def run_variant(backend: str, size: str, args: argparse.Namespace, cmd: str) -> None:
     model = make_model(size, Path(args.root))
     sets = run_sets(model, backend, args)
-    plan_gib, refused = predicted(sets, model)
+    plan_gib, refused, plan_host = predicted(sets, model)
     label = f"Qwen2.5-{size} shape (random, bf16)"
-    settings = (f"train.backend={backend} ({' '.join(BACKEND_SETS[backend][1:])}), trainer capped at "
+    settings = (f"{BACKEND_SETS[backend][0]} ({' '.join(BACKEND_SETS[backend][1:])}), trainer capped at "
                 f"train.max_memory_gib={args.cap}, batch {args.batch}x8, micro-batch {args.micro}, 16 + "
                 f"{args.new_tokens} tokens, gradient checkpointing, vLLM bf16 beside it on the same GPU")  # fmt: skip
     append("big_train", label, settings, "plan_train_alloc_gib", plan_gib, "GiB", cmd)
@@ -81,6 +88,8 @@ def run_variant(backend: str, size: str, args: argparse.Namespace, cmd: str) -> 
         settings += f" (OOM under the cap: micro-batch fell to {micro:g})"
     figures = {
         "train_peak_gib": (peak, "GiB"),
+        "host_peak_gib": (float(summary.get("host_peak_gib") or 0.0), "GiB"),
+        "plan_host_gib": (plan_host, "GiB"),
         "plan_error_pct": (100 * (plan_gib - peak) / peak if peak else float("nan"), "%"),
         "step_time_median_s": (statistics.median(r["timing/step_s"] for r in train), "s"),
         "update_time_median_s": (statistics.median(r["timing/update_s"] for r in train), "s"),

@@ -196,6 +196,14 @@ def _awq_model(cfg: Config, path: Path, train_set: PromptSet) -> Path:
     return quantized_for_run(path, calib, AWQSettings(group_size=cfg.rollout.awq_group_size))
 
 
+def host_peak_gib() -> float:
+    """This process's peak resident memory in GiB (ru_maxrss: KiB on Linux, bytes on macOS)."""
+    import resource
+
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return peak / (2**30 if sys.platform == "darwin" else 2**20)
+
+
 def step_seed(seed: int, step: int) -> int:
     return (seed * 1_000_003 + step * 7919) % (2**31)
 
@@ -441,6 +449,7 @@ def _finish(session: Session, run: RunDir, ledger: Ledger) -> dict[str, Any]:
         "val_reward_end": vals[-1]["val/reward_mean"] if vals else None,
         "tokens_per_s": sum(m["perf/tokens_per_s"] for m in rows) / len(rows) if rows else None,
         "train_peak_gib": max((m.get("perf/train_peak_gib", 0.0) for m in rows), default=0.0),
+        "host_peak_gib": host_peak_gib(),  # this process (controller + rank-0 trainer): offloaded state lives here
         "checkpoint": str(run.latest_checkpoint() or ""),
         "bill": [vars(b) for b in bill(ledger, session.cfg)],
         "on_demand_held_s": dict(ledger.on_demand),  # device -> seconds a reward model was loaded there

@@ -113,7 +113,7 @@ def full_parts(cfg: Config, shape: Shape) -> dict[str, float]:
     b, p, world = BYTES[cfg.model.dtype], shape.params(), max(len(t.gpus), 1)
     if t.backend == "fsdp":
         weights = 0 if t.offload_params else 4 * p / world
-        state = 0 if t.offload_params else 12 * p / world
+        state = 0 if t.offload_params else (4 + adam_bytes(cfg)) * p / world
     else:
         weights = 0 if t.offload_params else b * p / world
         state = 0 if t.offload_optimizer else 16 * p / world
@@ -125,6 +125,11 @@ def full_parts(cfg: Config, shape: Shape) -> dict[str, float]:
     if t.backend == "fsdp":
         parts[REDUCE] = root_reduce_bytes(cfg, shape) / GIB
     return parts
+
+
+def adam_bytes(cfg: Config) -> int:
+    """Bytes per parameter of AdamW's m and v (train.optimizer_state_dtype; train/optim.py)."""
+    return 4 if cfg.train.optimizer_state_dtype == "bfloat16" else 8
 
 
 def root_reduce_bytes(cfg: Config, shape: Shape) -> float:
@@ -213,7 +218,7 @@ def host_parts(cfg: Config, shape: Shape) -> dict[str, float]:
     t, b, p = cfg.train, BYTES[cfg.model.dtype], shape.params()
     parts = {"model load (once, model.dtype)": b * p / GIB}
     if t.backend == "fsdp" and t.offload_params:
-        parts["fp32 weights + grads + AdamW (offloaded)"] = 16 * p / GIB
+        parts["fp32 weights + grads + AdamW (offloaded)"] = (8 + adam_bytes(cfg)) * p / GIB
     if t.backend == "deepspeed":
         if t.offload_params:
             parts["weights (offloaded)"] = b * p / GIB
@@ -291,8 +296,12 @@ def _offload_knob(cfg: Config, biggest: str) -> str:
 
 def host_knob(cfg: Config) -> str:
     t = cfg.train
+    if t.backend == "fsdp" and t.offload_params and t.optimizer_state_dtype == "float32":
+        return ("offloaded full fine-tuning keeps 16 bytes per parameter in host memory: set "
+                "train.optimizer_state_dtype=bfloat16 (12 bytes), use train.backend=qlora or lora, or more RAM")  # fmt: skip
     if t.backend in ("fsdp", "deepspeed") and (t.offload_params or t.offload_optimizer):
-        return "offloaded full fine-tuning keeps 16 bytes per parameter in host memory: use train.backend=qlora or lora, or more RAM"
+        per = 8 + adam_bytes(cfg) if t.backend == "fsdp" else 16
+        return f"offloaded full fine-tuning keeps {per} bytes per parameter in host memory: use train.backend=qlora or lora, or more RAM"
     return "use a smaller model or a machine with more RAM"
 
 

@@ -222,6 +222,15 @@ def _check_reward_trainer(cfg: Config) -> None:
 def _check_full_finetuning(cfg: Config) -> None:
     """train.backend=fsdp|deepspeed (train/full.py) and its offload knobs."""
     t = cfg.train
+    if t.optimizer_state_dtype not in ("float32", "bfloat16"):
+        raise ConfigError(
+            f"train.optimizer_state_dtype={t.optimizer_state_dtype!r} must be float32 or bfloat16"
+        )
+    if t.optimizer_state_dtype != "float32" and t.backend != "fsdp":
+        raise ConfigError(
+            f"train.optimizer_state_dtype={t.optimizer_state_dtype} applies to train.backend=fsdp (AdamW over "
+            f"full weights); train.backend={t.backend} keeps float32: set train.optimizer_state_dtype=float32"
+        )
     if t.backend not in FULL_BACKENDS:
         for key, on in (
             ("train.offload_params", t.offload_params),

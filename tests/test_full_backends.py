@@ -593,3 +593,67 @@ def test_gpu_laptop_run_learns_bf16_with_offload(backend, tmp_path):
     print(f"GPU {backend} bf16 offload: reward {summary['reward_first_10pct']:.3f} -> {summary['reward_last_10pct']:.3f}, "
           f"{summary['wall_s']:.1f} s")  # fmt: skip
     assert summary["reward_last_10pct"] - summary["reward_first_10pct"] >= 0.3, summary
+
+
+# --- AdamW with bf16 moments (train.optimizer_state_dtype) ---------------------------------------
+def test_low_state_adamw_is_torch_adamw_with_rounded_moments():
+    """float32 moments: torch.optim.AdamW's numbers; bfloat16 moments: the same trajectory within the
+    moments' rounding, and the moments really are stored in bf16 (half the bytes)."""
+    from lite_verl.train.optim import LowStateAdamW
+
+    g = torch.Generator().manual_seed(3)
+    start = torch.randn(64, 32, generator=g)
+    grads = [torch.randn(64, 32, generator=g) for _ in range(5)]
+
+    def run(make):
+        p = torch.nn.Parameter(start.clone())
+        opt = make([p])
+        for grad in grads:
+            p.grad = grad.clone()
+            opt.step()
+        return p.detach(), opt
+
+    kw = dict(lr=1e-2, weight_decay=0.1)
+    ref, _ = run(lambda ps: torch.optim.AdamW(ps, **kw))
+    same, _ = run(lambda ps: LowStateAdamW(ps, state_dtype=torch.float32, **kw))
+    low, opt = run(lambda ps: LowStateAdamW(ps, **kw))
+    assert torch.allclose(same, ref, atol=1e-6)
+    moved = (ref - start).abs().max()
+    assert (low - ref).abs().max() < 0.02 * moved and not torch.equal(low, ref)
+    state = next(iter(opt.state.values()))
+    assert state["exp_avg"].dtype == state["exp_avg_sq"].dtype == torch.bfloat16
+
+
+def test_fsdp_with_bf16_optimizer_state_trains_like_fp32_state():
+    """train.optimizer_state_dtype=bfloat16 on FSDP2 (offloaded: the moments live in host memory as
+    bf16 DTensor shards): two steps follow the fp32-state run within the moments' rounding."""
+    from lite_verl.train.optim import LowStateAdamW
+
+    runs = {}
+    for dtype in ("float32", "bfloat16"):
+        b, _ = _backend("fsdp", "train.offload_params=true", "train.offload_optimizer=true",
+                        f"train.optimizer_state_dtype={dtype}")  # fmt: skip
+        runs[dtype] = _train(b, 2)
+        if dtype == "bfloat16":
+            assert isinstance(b.sharding.optimizer, LowStateAdamW)
+            states = list(b.sharding.optimizer.state.values())
+            assert states and all(s["exp_avg_sq"].dtype == torch.bfloat16 for s in states)
+    gaps = _max_gap(runs["bfloat16"][0], runs["float32"][0])
+    moved = _max_gap(runs["float32"][0][-1:], runs["float32"][0][:1])[0]
+    assert gaps[0] == 0 and 0 < max(gaps) < 0.05 * moved, (gaps, moved)
+
+
+def test_bf16_optimizer_state_is_planned_and_refused_elsewhere():
+    from lite_verl.errors import ConfigError
+    from lite_verl.plan import Shape, host_parts
+
+    shape = Shape(3584, 18944, 28, 28, 4, 152064, False)  # Qwen2.5-7B
+    sets = ("train.offload_params=true", "train.offload_optimizer=true")
+    full, low = _cfg("fsdp", *sets), _cfg("fsdp", *sets, "train.optimizer_state_dtype=bfloat16")
+    key = "fp32 weights + grads + AdamW (offloaded)"
+    assert host_parts(full, shape)[key] == pytest.approx(16 * shape.params() / 2**30)
+    assert host_parts(low, shape)[key] == pytest.approx(12 * shape.params() / 2**30)  # 113 -> 85 GiB at 7B
+    with pytest.raises(ConfigError, match="applies to train.backend=fsdp"):
+        _cfg("deepspeed", "train.optimizer_state_dtype=bfloat16")
+    with pytest.raises(ConfigError, match="must be float32 or bfloat16"):
+        _cfg("fsdp", "train.optimizer_state_dtype=float16")

@@ -68,7 +68,12 @@ class FSDPSharding:
         self.model_dir = model_dir
         self.params = [p for p in model.parameters() if p.requires_grad]
         t = cfg.train
-        self.optimizer = torch.optim.AdamW(self.params, lr=t.lr, weight_decay=t.weight_decay)
+        if t.optimizer_state_dtype == "bfloat16":  # m and v in bf16 (train/optim.py)
+            from lite_verl.train.optim import LowStateAdamW
+
+            self.optimizer = LowStateAdamW(self.params, lr=t.lr, weight_decay=t.weight_decay)
+        else:
+            self.optimizer = torch.optim.AdamW(self.params, lr=t.lr, weight_decay=t.weight_decay, fused=True)
 
     def backward(self, loss: torch.Tensor) -> None:
         loss.backward()
