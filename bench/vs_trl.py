@@ -83,6 +83,8 @@ def lite_verl(model: str, steps: int, s: Shared, gpu: bool, sync: str = "adapter
     k = max(len(train) // 10, 1)
     out = {"tokens_per_s": (gen + trained) / wall, "step_s": statistics.median(r["timing/step_s"] for r in train),
            "reward_last_10pct": statistics.mean(r["reward/mean"] for r in train[-k:]), "wall_s": wall}  # fmt: skip
+    for phase in ("rollout", "update", "sync"):  # where a step's time goes (medians)
+        out[f"{phase}_s"] = statistics.median(r.get(f"timing/{phase}_s", 0.0) for r in train)
     if gpu:
         out["peak_gpu_memory_gib"] = mem.peak_gib
     return out
@@ -182,7 +184,6 @@ def main() -> None:
 
         model = str(make_model(args.size, Path("/tmp/models")))
     s = GPU if args.gpu else CPU
-    ours, theirs = lite_verl(model, args.steps, s, args.gpu, args.sync), trl(model, args.steps, s, args.gpu)
     if args.gpu:
         cmd = f"python bench/vs_trl.py --gpu --steps {args.steps} --size {args.size} --sync {args.sync}"
         settings = (f"GPU, vLLM colocated in both (lite-verl: 4090x1 layout, no AWQ, sleep + {args.sync} sync; TRL: colocate "
@@ -193,25 +194,28 @@ def main() -> None:
         cmd = f"python bench/vs_trl.py --steps {args.steps} --model {args.model}"
         settings = (f"CPU, HF generate in both, echo task, {s.prompts} prompts x {s.n}, <= {s.new_tokens} new tokens, LoRA r={s.rank}, "
                     f"lr {s.lr}, no KL, {args.steps} steps; TRL {trl_pkg.__version__}")  # fmt: skip
-    for who, r in (("lite_verl", ours), ("trl", theirs)):
+    units = {"tokens_per_s": "token/s", "peak_gpu_memory_gib": "GiB"}
+
+    def record(who: str, r: dict[str, float]) -> None:  # each side's rows as soon as it is done
         for metric, value in r.items():
-            unit = {
-                "tokens_per_s": "token/s",
-                "step_s": "s",
-                "wall_s": "s",
-                "peak_gpu_memory_gib": "GiB",
-            }.get(metric, "reward")
-            append("vs_trl", args.model, settings, f"{who}_{metric}", value, unit, cmd)
+            append(
+                "vs_trl",
+                args.model,
+                settings,
+                f"{who}_{metric}",
+                value,
+                units.get(metric, "s" if metric.endswith("_s") else "reward"),
+                cmd,
+            )
+        print(who, r, flush=True)
+
+    ours = lite_verl(model, args.steps, s, args.gpu, args.sync)
+    record("lite_verl", ours)
+    theirs = trl(model, args.steps, s, args.gpu)
+    record("trl", theirs)
     append("vs_trl", args.model, settings, "lite_verl_over_trl_tokens_per_s", ours["tokens_per_s"] / theirs["tokens_per_s"],
            "ratio", cmd)  # fmt: skip
-    print(
-        "lite-verl",
-        ours,
-        "\nTRL",
-        theirs,
-        f"\nratio {ours['tokens_per_s'] / theirs['tokens_per_s']:.2f}",
-        flush=True,
-    )
+    print(f"ratio {ours['tokens_per_s'] / theirs['tokens_per_s']:.2f}", flush=True)
     REPORT.write_text(render())
 
 
