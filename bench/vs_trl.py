@@ -39,9 +39,10 @@ class Shared:
     new_tokens: int = 16
     lr: float = 3e-3
     rank: int = 16
+    micro: int = 0  # sequences per forward/backward on both sides (0: each side's CPU default)
 
 
-CPU, GPU = Shared(), Shared(prompts=32, new_tokens=256, lr=1e-5)
+CPU, GPU = Shared(), Shared(prompts=32, new_tokens=256, lr=1e-5, micro=32)
 
 
 class PeakGpuMemory:
@@ -70,6 +71,7 @@ def lite_verl(model: str, steps: int, s: Shared, gpu: bool, sync: str = "adapter
         sets += [
             "rollout.quantization=none",
             f"sync.mode={sync}",
+            f"train.micro_batch_size={s.micro}",
             "rollout.gpu_memory_utilization=0.3",
             "data.max_prompt_length=128",
         ]
@@ -126,7 +128,7 @@ def trl(model: str, steps: int, s: Shared, gpu: bool) -> dict[str, float]:
         bf16=False,
     )  # fmt: skip
     if gpu:
-        micro = 32
+        micro = s.micro
         where = dict(
             per_device_train_batch_size=micro, gradient_accumulation_steps=s.prompts * s.n // micro,
             steps_per_generation=s.prompts * s.n // micro, bf16=True, gradient_checkpointing=True, use_vllm=True,
@@ -188,7 +190,7 @@ def main() -> None:
         cmd = f"python bench/vs_trl.py --gpu --steps {args.steps} --size {args.size} --sync {args.sync}"
         settings = (f"GPU, vLLM colocated in both (lite-verl: 4090x1 layout, no AWQ, sleep + {args.sync} sync; TRL: colocate "
                     f"defaults), echo task, {s.prompts} prompts x {s.n}, <= {s.new_tokens} new tokens, LoRA r={s.rank}, lr {s.lr}, "
-                    f"bf16, grad checkpointing, no KL, {args.steps} steps; TRL {trl_pkg.__version__}")  # fmt: skip
+                    f"bf16, grad checkpointing, micro-batch {s.micro} on both, no KL, {args.steps} steps; TRL {trl_pkg.__version__}")  # fmt: skip
         args.model = f"Qwen2.5-{args.size} shape (random, bf16)"
     else:
         cmd = f"python bench/vs_trl.py --steps {args.steps} --model {args.model}"
