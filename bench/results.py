@@ -117,7 +117,9 @@ NOTES = {  # what a reader must know about a table that its rows do not say
     " come from its metrics.jsonl and the ratio uses TRL's figures of the 89d76d8 run (same settings, TRL"
     " code unchanged). NEGATIVE and a REGRESSION: 7.4k tokens/s, 0.34x TRL. The update took 14.2 s per "
     "step (median) where the whole 89d76d8 step took 8.5 s; the rollout (2.6 s) and the sync (0.22 s) are"
-    " not the cause. bench/profile_update.py isolates the update for the next GPU session.",
+    " not the cause. bench/profile_update.py isolates the update for the next GPU session. Both H200 runs so"
+    " far also differ in micro-batch: lite-verl ran the 4090x1 preset's 8 sequences per forward, TRL 32;"
+    " later runs set 32 on both.",
 }
 FIELDS = ("bench", "date", "commit", "hardware", "model", "settings", "metric", "value", "unit", "command")
 
