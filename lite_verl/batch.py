@@ -88,3 +88,36 @@ class Experience:
             v = getattr(self, f.name)
             picked[f.name] = None if v is None else v[idx]
         return replace(self, **picked)
+
+    def trimmed(self) -> Experience:
+        """The same rows without the columns that are padding in all of them: left of the longest
+        prompt, right of the longest response. Causal attention and masked losses make every valid
+        token's numbers the same; a micro-batch of short rows then costs what they hold."""
+        p0, r = padding_bounds(self.attention_mask, self.response_length)
+        if p0 == 0 and r == self.response_length:
+            return self
+        cut = {}
+        for f in fields(self):
+            v = getattr(self, f.name)
+            if v is None:
+                continue
+            if f.name in ("input_ids", "attention_mask"):
+                cut[f.name] = v[:, p0 : v.shape[1] - self.response_length + r]
+            else:
+                cut[f.name] = v[:, :r]
+        return replace(self, **cut)
+
+
+def padding_bounds(attention_mask: torch.Tensor, response_length: int) -> tuple[int, int]:
+    """(first prompt column any row uses, response columns up to the last any row uses) of a left-padded
+    prompt + right-padded response batch; at least one response column."""
+    prompt = attention_mask[:, : attention_mask.shape[1] - response_length].bool().any(0)
+    response = attention_mask[:, attention_mask.shape[1] - response_length :].bool().any(0)
+    p0 = int(prompt.float().argmax()) if prompt.any() else prompt.shape[0]
+    r = int(response.nonzero().max()) + 1 if response.any() else 1
+    return p0, r
+
+
+def length_order(attention_mask: torch.Tensor) -> list[int]:
+    """Row indices, longest first: micro-batches cut from this order hold rows of similar length."""
+    return torch.argsort(attention_mask.sum(1), descending=True, stable=True).tolist()

@@ -18,7 +18,7 @@ from typing import TypeVar
 import torch
 
 from lite_verl import algos
-from lite_verl.batch import Experience, RolloutBatch, UpdateBatch
+from lite_verl.batch import Experience, RolloutBatch, UpdateBatch, length_order, padding_bounds
 from lite_verl.config import AlgorithmConfig, Config, CriticConfig
 from lite_verl.errors import UserError
 from lite_verl.train.dist import ONE_RANK, Ranks
@@ -113,25 +113,33 @@ def make_kl_controller(cfg: AlgorithmConfig) -> algos.FixedKLController | algos.
 def batched_log_probs(
     backend, rollout: RolloutBatch, micro: int, temperature: float, reference: bool
 ) -> torch.Tensor:
-    """Log-probs [N, R] of the rollout's responses, no grad, in micro-batches."""
-    ids, mask, r = rollout.input_ids, rollout.attention_mask, rollout.response_ids.shape[1]
-    outs = []
+    """Log-probs [N, R] of the rollout's responses, no grad, in micro-batches of similar lengths with
+    their common padding cut off."""
     with torch.no_grad():
-        for s in range(0, ids.shape[0], micro):
-            lp, _ = backend.forward(
-                ids[s : s + micro], mask[s : s + micro], r, temperature, reference=reference
-            )
-            outs.append(lp.float().cpu())
-    return torch.cat(outs) * rollout.response_mask
+        return _each_trimmed(
+            rollout,
+            micro,
+            lambda ids, mask, r: backend.forward(ids, mask, r, temperature, reference=reference)[0],
+        )
 
 
 def batched_values(backend, rollout: RolloutBatch, micro: int) -> torch.Tensor:
-    ids, mask, r = rollout.input_ids, rollout.attention_mask, rollout.response_ids.shape[1]
-    outs = []
     with torch.no_grad(), backend.critic_mode():
-        for s in range(0, ids.shape[0], micro):
-            outs.append(backend.values(ids[s : s + micro], mask[s : s + micro], r).float().cpu())
-    return torch.cat(outs) * rollout.response_mask
+        return _each_trimmed(rollout, micro, backend.values)
+
+
+def _each_trimmed(rollout: RolloutBatch, micro: int, fn: Callable[..., torch.Tensor]) -> torch.Tensor:
+    """fn(ids, mask, response_length) -> [n, r] over micro-batches cut from the rows in length order,
+    each without its all-padding columns; the results in row order, padded back to [N, R]."""
+    ids, mask, r_all = rollout.input_ids, rollout.attention_mask, rollout.response_ids.shape[1]
+    order = length_order(mask)
+    out = torch.zeros(ids.shape[0], r_all, dtype=torch.float32)
+    for s in range(0, len(order), micro):
+        rows = torch.tensor(order[s : s + micro])
+        p0, r = padding_bounds(mask[rows], r_all)
+        keep = slice(p0, ids.shape[1] - r_all + r)
+        out[rows, :r] = fn(ids[rows][:, keep], mask[rows][:, keep], r).float().cpu()
+    return out * rollout.response_mask
 
 
 def make_experience(
@@ -207,7 +215,11 @@ def _mini_batches(num_rows: int, rows_per_mini: int) -> list[list[int]]:
 
 
 def _micro_batches(mb: Experience, micro: int) -> list[Experience]:
-    return [mb.take(list(range(s, min(s + micro, mb.num_rows)))) for s in range(0, mb.num_rows, micro)]
+    """Micro-batches of rows of similar length (longest first), each without its all-padding columns.
+    Losses are normalised by the whole mini-batch's counts, so how rows are grouped changes memory and
+    speed, not the gradient."""
+    order = length_order(mb.attention_mask)
+    return [mb.take(order[s : s + micro]).trimmed() for s in range(0, mb.num_rows, micro)]
 
 
 def run_update(

@@ -189,3 +189,33 @@ def test_qlora_trains_its_adapter_and_stays_near_the_full_precision_base():
     assert merged and all(
         w.dtype == torch.float32 and w.dim() == 2 for w in merged
     )  # NF4 dequantized for a sync
+
+
+def test_micro_batches_drop_common_padding_and_keep_the_numbers():
+    """Rows of different prompt and response lengths: micro-batches are cut in length order and lose the
+    columns that are padding in all their rows; the log-probs equal one forward of the padded batch."""
+    from lite_verl.batch import Experience, RolloutBatch
+    from lite_verl.update import _micro_batches, batched_log_probs
+
+    session = prepare(load_config("laptop", None, SMALL))
+    g = torch.Generator().manual_seed(0)
+    n, p, r = 6, 10, 12
+    prompt_len, response_len = [10, 3, 7, 2, 10, 4], [12, 2, 5, 1, 9, 3]
+    prompt_mask = torch.tensor([[0] * (p - k) + [1] * k for k in prompt_len])
+    response_mask = torch.tensor([[1] * k + [0] * (r - k) for k in response_len])
+    rollout = RolloutBatch(
+        prompt_ids=torch.randint(3, 300, (n, p), generator=g) * prompt_mask,
+        prompt_mask=prompt_mask,
+        response_ids=torch.randint(3, 300, (n, r), generator=g) * response_mask,
+        response_mask=response_mask,
+        rollout_log_probs=torch.zeros(n, r),
+    )
+    with torch.no_grad():
+        whole, _ = session.backend.forward(rollout.input_ids, rollout.attention_mask, r, 1.0)
+    got = batched_log_probs(session.backend, rollout, 2, 1.0, reference=False)
+    assert torch.allclose(got, whole * response_mask, atol=1e-5)
+    exp = Experience(rollout.input_ids, rollout.attention_mask, response_mask.float(), None, None,
+                     torch.ones(n, r), rollout.rollout_log_probs)  # fmt: skip
+    shapes = [(m.num_rows, m.input_ids.shape[1], m.response_length) for m in _micro_batches(exp, 2)]
+    # longest rows first (22, 19 | 12, 7 | 5, 3 tokens): each pair keeps only the columns its rows use
+    assert shapes == [(2, 10 + 12, 12), (2, 7 + 5, 5), (2, 3 + 2, 2)], shapes
