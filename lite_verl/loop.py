@@ -321,7 +321,8 @@ def train_step(session: Session, sampler: PromptSampler, step: int, ledger: Ledg
     metrics["train/micro_batch_size"] = float(session.micro.value)
     device = getattr(session.backend, "device", None)
     if isinstance(device, torch.device) and device.type == "cuda":  # the trainer's peak this step
-        metrics["perf/train_peak_gib"] = torch.cuda.max_memory_allocated(device) / 2**30
+        ranks = [v for k, v in metrics.items() if k.startswith("perf/train_peak_gib_rank")]
+        metrics["perf/train_peak_gib"] = max([torch.cuda.max_memory_allocated(device) / 2**30, *ranks])
         torch.cuda.reset_peak_memory_stats(device)
     gen_tokens, all_tokens = float(rollout.response_mask.sum()), float(rollout.attention_mask.sum())
     metrics.update(

@@ -236,6 +236,11 @@ def run_update(
         metrics.update(critic_update(backend, exp, a, cfg.critic, rows_per_mini, micro, ranks))
     if batch.step > cfg.critic.warmup_steps or exp.values is None:
         metrics.update(ppo_update(backend, exp, a, rows_per_mini, micro, cfg.rollout.temperature, ranks))
+    device = getattr(backend, "device", None)
+    if ranks.world > 1 and isinstance(device, torch.device) and device.type == "cuda":
+        # every rank's peak so far (rank 0 resets its own each step): the bill and the plan need them all
+        peak = torch.tensor([torch.cuda.max_memory_allocated(device) / 2**30], dtype=torch.float64)
+        metrics.update({f"perf/train_peak_gib_rank{r}": float(v) for r, v in enumerate(ranks.gather(peak))})
     return metrics
 
 

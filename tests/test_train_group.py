@@ -134,6 +134,8 @@ def test_two_gpu_ranks_update_like_one(backend):
     one = _one_step(1, *gpus, "train.gpus=[0]", "rollout.gpus=[0]")
     two = _one_step(1, *gpus, "train.gpus=[0,1]", "rollout.gpus=[0,1]")
     _assert_same_update(one, two, COMPARED)
+    peaks = [two[0][f"perf/train_peak_gib_rank{r}"] for r in (0, 1)]  # each rank's, gathered on rank 0
+    assert all(p > 0 for p in peaks), peaks
 
 
 # --- the real CLI ------------------------------------------------------------------------------------
