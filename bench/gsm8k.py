@@ -5,7 +5,7 @@
 DIR holds GSM8K's train.jsonl and test.jsonl (../shared/data/gsm8k). Both trainers: the same training
 prompts (verl's GSM8K prompt, `lite-verl prepare-gsm8k`), 32 prompts x 8 samples per step, <= 256 new
 tokens, temperature 1, LoRA r=16 alpha 32 on all linear layers, lr 2e-5 constant, no KL, bf16, vLLM
-colocated on GPU 0, the same reward (bench/gsm8k_reward.py: 1 for the right `#### n`, 0.1 for a wrong
+colocated on GPU 0, micro-batches of 32 sequences, merged weights in vLLM (TRL merges too), the same reward (bench/gsm8k_reward.py: 1 for the right `#### n`, 0.1 for a wrong
 one in that format: the model rarely uses the format at first, so the strict rule alone gives GRPO no
 signal). Evaluation: greedy, <= 256 new tokens, the whole test set (1,319), accuracy by the strict
 `#### n` rule, before and after, each trained policy merged into a plain HF model and served by vLLM.
@@ -25,6 +25,7 @@ from results import REPORT, append, render  # noqa: E402
 from train_run import single_process_group_env, train_run  # noqa: E402
 
 PROMPTS, N, NEW_TOKENS, LR, RANK = 32, 8, 256, 2e-5, 16
+MICRO = 32  # sequences per forward/backward, both trainers
 REWARD = Path(__file__).resolve().parent / "gsm8k_reward.py"
 
 
@@ -82,6 +83,7 @@ def lite_verl(model: Path, train: Path, test: Path, steps: int, out: Path) -> tu
         "rollout.gpu_memory_utilization=0.3", f"trainer.batch_size={PROMPTS}", f"rollout.n={N}", f"train.lr={LR}",
         f"train.lora_rank={RANK}", "train.lora_alpha=32", "algorithm.use_kl_loss=false", f"trainer.total_steps={steps}",
         f"reward.function={REWARD}:compute_score", "trainer.progress=false", "data.filter_overlong_prompts=true",
+        f"train.micro_batch_size={MICRO}", "sync.mode=merged",
     ]  # fmt: skip
     run = out / "lite_verl_run"
     rows, _, summary, _ = train_run("4090x1", run, sets)
@@ -119,7 +121,7 @@ def trl(model: Path, train: Path, steps: int, out: Path) -> tuple[Path, dict]:
             if kw.get("logs"):
                 logs.append(dict(kw["logs"]))
 
-    micro = 32
+    micro = MICRO
     args = GRPOConfig(
         output_dir=str(out / "trl"), num_generations=N, max_completion_length=NEW_TOKENS, temperature=1.0,
         learning_rate=LR, lr_scheduler_type="constant", warmup_steps=0, max_steps=steps, beta=0.0, logging_steps=1,
