@@ -226,6 +226,7 @@ def agg_loss(
     *,
     global_tokens: float | None = None,
     global_seqs: float | None = None,
+    global_length: float | None = None,
 ) -> torch.Tensor:
     """Aggregate a [B, T] loss matrix into a scalar.
 
@@ -235,7 +236,8 @@ def agg_loss(
     seq-mean-token-sum-norm: sum(loss * mask) / T, T = loss_mask.shape[-1]   (Dr. GRPO's constant)
 
     global_tokens / global_seqs replace the local token / row counts in the denominators, so that the
-    micro-batches of one mini-batch sum to the mini-batch's loss.
+    micro-batches of one mini-batch sum to the mini-batch's loss; global_length replaces T where a
+    micro-batch was cut shorter than the batch's response length (update.py trims common padding).
     """
     if loss_agg_mode == "token-mean":
         if global_tokens is None:
@@ -247,7 +249,7 @@ def agg_loss(
     if loss_agg_mode == "seq-mean-token-mean":
         return (masked_sum(loss_mat, loss_mask, -1) / loss_mask.sum(-1).clamp(min=1)).sum() / n_seqs
     if loss_agg_mode == "seq-mean-token-sum-norm":  # no row count in it: micro-batches simply add up
-        return masked_sum(loss_mat, loss_mask) / loss_mask.shape[-1]
+        return masked_sum(loss_mat, loss_mask) / (global_length or loss_mask.shape[-1])
     raise ValueError(f"unknown loss_agg_mode {loss_agg_mode!r}; one of {LOSS_AGG_MODES}")
 
 
@@ -264,6 +266,7 @@ def compute_policy_loss(
     *,
     global_tokens: float | None = None,
     global_seqs: float | None = None,
+    global_length: float | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """PPO clipped surrogate (Schulman et al. 2017) with dual clip (Ye et al. 2020), verl's numerics.
 
@@ -290,7 +293,12 @@ def compute_policy_loss(
     if rollout_is_weights is not None:
         pg_losses = pg_losses * rollout_is_weights
     loss = agg_loss(
-        pg_losses, response_mask, loss_agg_mode, global_tokens=global_tokens, global_seqs=global_seqs
+        pg_losses,
+        response_mask,
+        loss_agg_mode,
+        global_tokens=global_tokens,
+        global_seqs=global_seqs,
+        global_length=global_length,
     )
     metrics = {
         "pg_clipfrac": pg_clipfrac.detach(),
@@ -310,6 +318,7 @@ def compute_value_loss(
     *,
     global_tokens: float | None = None,
     global_seqs: float | None = None,
+    global_length: float | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Clipped value loss (PPO2 baselines), verl's numerics. All tensors [B, T].
 
@@ -325,6 +334,7 @@ def compute_value_loss(
         loss_agg_mode,
         global_tokens=global_tokens,
         global_seqs=global_seqs,
+        global_length=global_length,
     )
     clipfrac = masked_mean(torch.gt(losses2, losses1).float(), response_mask)
     return loss, clipfrac

@@ -269,7 +269,7 @@ def ppo_update(
     return out
 
 
-Norm = dict[str, float]  # global_tokens, global_seqs: the whole mini-batch's counts (algos.agg_loss)
+Norm = dict[str, float]  # global_tokens, global_seqs, global_length: the whole mini-batch's (algos.agg_loss)
 
 
 def _each_mini_batch(
@@ -294,6 +294,7 @@ def _each_mini_batch(
             norm = {
                 "global_tokens": max(float(mb.response_mask.sum()), 1.0),
                 "global_seqs": float(mb.num_rows),
+                "global_length": float(mb.response_length),  # Dr. GRPO's T, before any trimming
             }
             mine = mb.take(ranks.share(mb.num_rows)) if ranks.world > 1 else mb
             out = ranks.reduce(

@@ -219,3 +219,34 @@ def test_micro_batches_drop_common_padding_and_keep_the_numbers():
     shapes = [(m.num_rows, m.input_ids.shape[1], m.response_length) for m in _micro_batches(exp, 2)]
     # longest rows first (22, 19 | 12, 7 | 5, 3 tokens): each pair keeps only the columns its rows use
     assert shapes == [(2, 10 + 12, 12), (2, 7 + 5, 5), (2, 3 + 2, 2)], shapes
+
+
+@pytest.mark.parametrize("mode", ["token-mean", "seq-mean-token-sum-norm", "seq-mean-token-mean"])
+def test_trimmed_micro_batches_give_the_whole_batch_gradient(mode):
+    """Every loss aggregation (Dr. GRPO's constant length included) gives the same loss and gradient
+    from micro-batches of one row (each trimmed to its own length) as from one padded micro-batch."""
+    from dataclasses import replace
+
+    from lite_verl.batch import Experience
+    from lite_verl.update import _actor_grads
+
+    session = prepare(load_config("laptop", None, SMALL))
+    backend, g = session.backend, torch.Generator().manual_seed(1)
+    n, p, r = 4, 6, 10
+    prompt_mask = torch.tensor([[0] * (p - k) + [1] * k for k in (6, 2, 4, 3)])
+    response_mask = torch.tensor([[1] * k + [0] * (r - k) for k in (10, 2, 6, 1)])
+    ids = torch.randint(3, 300, (n, p + r), generator=g) * torch.cat([prompt_mask, response_mask], 1)
+    exp = Experience(ids, torch.cat([prompt_mask, response_mask], 1), response_mask.float(), None, None,
+                     torch.randn(n, r, generator=g) * response_mask, torch.zeros(n, r))  # fmt: skip
+    cfg = replace(session.cfg.algorithm, loss_agg_mode=mode, use_kl_loss=False, entropy_coeff=0.01)
+    norm = {"global_tokens": float(response_mask.sum()), "global_seqs": float(n), "global_length": float(r)}
+
+    def grads(micro):
+        backend.zero_grad()
+        out = _actor_grads(backend, exp, cfg, micro, 1.0, norm)
+        return out["actor/loss"], torch.cat([q.grad.flatten() for q in backend.params if q.grad is not None])
+
+    (one_loss, one), (all_loss, whole) = grads(1), grads(n)
+    backend.zero_grad()
+    assert one_loss == pytest.approx(all_loss, rel=1e-5, abs=1e-7)
+    assert (one - whole).abs().max() < 1e-4 * whole.abs().max(), (one - whole).abs().max()
