@@ -306,11 +306,11 @@ def train_step(session: Session, sampler: PromptSampler, step: int, ledger: Ledg
     group_ids = torch.arange(len(rows_idx)).repeat_interleave(r.n)
     if hasattr(session.engine, "sleep"):
         session.engine.sleep()  # colocated vLLM frees its KV cache for the trainer
-    sleep_s, t2 = time.perf_counter() - t2, time.perf_counter()
+    t_slept = time.perf_counter()
     with ledger.busy_on("train"):  # billed on every train GPU
         metrics = train_update(session, UpdateBatch(rollout, scores, group_ids, baselines, step))
     t3 = time.perf_counter()
-    train_span = (time.time() - (t3 - t2), time.time())
+    train_span = (time.time() - (t3 - t_slept), time.time())
     sync_s = session.engine.sync_weights(step)  # with a rollout in flight: waits for it, then loads
     t4 = time.perf_counter()
     span = session.engine.finished_span() if session.prefetched is not None else None
@@ -331,8 +331,8 @@ def train_step(session: Session, sampler: PromptSampler, step: int, ledger: Ledg
             "perf/tokens_per_s": all_tokens / max(t4 - t0, 1e-9),
             "timing/rollout_s": t1 - t0,
             "timing/reward_s": t2 - t1,
-            "timing/sleep_s": sleep_s,
-            "timing/update_s": t3 - t2,
+            "timing/sleep_s": t_slept - t2,
+            "timing/update_s": t3 - t_slept,
             "timing/sync_s": sync_s,
             "timing/step_s": t4 - t0,
         }

@@ -44,7 +44,8 @@ def what_if(cfg: Config, rows: list[dict[str, Any]]) -> str:
     t = {p: [m.get(f"timing/{p}_s", 0.0) for m in rows] for p in PHASES}
     serial = sum(sum(v) for v in t.values())
     overlapped = sum(
-        max(r, w + u) + s for r, w, u, s in zip(t["rollout"], t["reward"], t["update"], t["sync"])
+        max(r, w + z + u) + s
+        for r, w, z, u, s in zip(t["rollout"], t["reward"], t["sleep"], t["update"], t["sync"])
     )
     prices = cfg.cost.price_per_hour
     models = cfg.cost.gpu_models

@@ -241,6 +241,10 @@ def run_update(
         # every rank's peak so far (rank 0 resets its own each step): the bill and the plan need them all
         peak = torch.tensor([torch.cuda.max_memory_allocated(device) / 2**30], dtype=torch.float64)
         metrics.update({f"perf/train_peak_gib_rank{r}": float(v) for r, v in enumerate(ranks.gather(peak))})
+        if (
+            ranks.rank
+        ):  # a follower's figure covers one update, as rank 0's (reset by loop.py) covers one step
+            torch.cuda.reset_peak_memory_stats(device)
     return metrics
 
 

@@ -657,3 +657,23 @@ def test_bf16_optimizer_state_is_planned_and_refused_elsewhere():
         _cfg("deepspeed", "train.optimizer_state_dtype=bfloat16")
     with pytest.raises(ConfigError, match="must be float32 or bfloat16"):
         _cfg("fsdp", "train.optimizer_state_dtype=float16")
+
+
+def test_bf16_optimizer_state_survives_a_checkpoint(tmp_path):
+    """A resumed fsdp run keeps its moments in bf16 (torch casts loaded state to the parameter's fp32)
+    and continues with the numbers of the run that did not stop."""
+    sets = (
+        "train.offload_params=true",
+        "train.offload_optimizer=true",
+        "train.optimizer_state_dtype=bfloat16",
+    )
+    a, _ = _backend("fsdp", *sets)
+    _train(a, 1)
+    a.save(tmp_path)
+    b, _ = _backend("fsdp", *sets)
+    b.load(tmp_path)
+    states = list(b.sharding.optimizer.state.values())
+    assert states and all(s["exp_avg"].dtype == s["exp_avg_sq"].dtype == torch.bfloat16 for s in states)
+    la, na = _train(a, 1)
+    lb, nb = _train(b, 1)
+    assert max(_max_gap(la, lb)) < 1e-6 and na == pytest.approx(nb, rel=1e-6)

@@ -32,6 +32,11 @@ class LiteVerlWorkerExtension:
         else:
             reload_weights(self, moved)
 
+    def lite_verl_awq_leftovers(self) -> list[str]:
+        """Layers of a merged AWQ sync still waiting for some of their tensors (cleared: the next sync
+        starts afresh); empty after a complete one."""
+        return sorted(self.model_runner.model.__dict__.pop("_lite_verl_awq_pending", {}))  # type: ignore[attr-defined]
+
     def lite_verl_stage_adapter(self, lora_id: int, flat: Any, layout: list, config: dict) -> None:
         """Hold an adapter's tensors (views of one flat buffer) for the next add_lora of lora_id."""
         from lite_verl.rollout.vllm_compat import stage_adapter
@@ -188,6 +193,14 @@ class _Server:
     def weights_loaded(self) -> None:
         from lite_verl.rollout.vllm_compat import reset_prefix_cache
 
+        left = sorted(
+            {name for names in self.llm.collective_rpc("lite_verl_awq_leftovers") for name in names}
+        )
+        if left:
+            raise RuntimeError(
+                f"merged AWQ sync: {len(left)} layer(s) got only part of their tensors (first: {left[0]}); "
+                "the engine would serve a mix of old and new weights"
+            )
         reset_prefix_cache(self.llm)
 
     def sleep(self) -> None:

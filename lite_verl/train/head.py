@@ -115,6 +115,8 @@ def _mm_fp32_out(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor | None:
         return None
     try:
         return torch.mm(a, b, out_dtype=torch.float32)
+    except torch.OutOfMemoryError:  # the micro-batch is too big, not the kernel missing: update.py halves it
+        raise
     except (RuntimeError, TypeError, NotImplementedError):
         _MM_OUT_DTYPE[0] = False
         return None

@@ -38,6 +38,15 @@ class LowStateAdamW(torch.optim.Optimizer):
         super().__init__(params, dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay))
         self.state_dtype = state_dtype
 
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """torch casts loaded moments to the parameter's dtype (fp32): narrow them again, or a resumed
+        run would hold 16 bytes per parameter again."""
+        super().load_state_dict(state_dict)
+        for state in self.state.values():
+            for key in ("exp_avg", "exp_avg_sq"):
+                if key in state and state[key].dtype != self.state_dtype:
+                    state[key] = state[key].to(self.state_dtype)
+
     @torch.no_grad()
     def step(self, closure: Any = None) -> None:  # type: ignore[override]
         assert closure is None, "LowStateAdamW takes no closure"
@@ -53,6 +62,8 @@ class LowStateAdamW(torch.optim.Optimizer):
                     state["step"] = torch.zeros((), dtype=torch.float32, device=w.device)
                     state["exp_avg"] = torch.zeros_like(p, dtype=self.state_dtype)
                     state["exp_avg_sq"] = torch.zeros_like(p, dtype=self.state_dtype)
+                elif state["step"].device != w.device:  # a loaded state dict keeps step on the CPU
+                    state["step"] = state["step"].to(w.device, torch.float32)
                 state["step"] += 1
                 m_low, v_low = _local(state["exp_avg"]), _local(state["exp_avg_sq"])
                 m, v = m_low.to(w.dtype), v_low.to(w.dtype)  # copies when the state is narrower
