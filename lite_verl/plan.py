@@ -276,6 +276,9 @@ def knob(cfg: Config, p: GpuPlan) -> str:
         return "use train.backend=qlora (a 4-bit base)"
     if cfg.train.backend in ("fsdp", "deepspeed") and biggest in FULL_STATIC:
         return _offload_knob(cfg, biggest)
+    if biggest == REDUCE:  # more ranks shrink only its fp32 shard
+        return ("FSDP2 reduces the embeddings' and head's gradient in fp32 at the end of backward: use "
+                "train.backend=lora or qlora, or a card with more memory")  # fmt: skip
     if biggest.startswith("vLLM"):
         return f"lower rollout.gpu_memory_utilization (now {cfg.rollout.gpu_memory_utilization})"
     return "use a smaller model or more GPUs"
