@@ -212,11 +212,15 @@ def plan(cfg: Config, shape: Shape, cards: Mapping[str, float] | None = None) ->
     return out
 
 
+LOAD = "model load (at start)"
+
+
 def host_parts(cfg: Config, shape: Shape) -> dict[str, float]:
-    """GiB of host memory the run keeps, all processes together: offloaded training state, the weights a
-    sleeping colocated vLLM parks in host memory, and the trainer's one-time load of the checkpoint."""
+    """GiB of host memory, all processes together: the trainer's load of the checkpoint (fp32 masters for
+    fsdp, model.dtype otherwise) at start, then what the run keeps: offloaded training state and the
+    weights a sleeping colocated vLLM parks in host memory. `host_gib` combines them."""
     t, b, p = cfg.train, BYTES[cfg.model.dtype], shape.params()
-    parts = {"model load (once, model.dtype)": b * p / GIB}
+    parts = {LOAD: (4 if t.backend == "fsdp" else b) * p / GIB}
     if t.backend == "fsdp" and t.offload_params:
         parts["fp32 weights + grads + AdamW (offloaded)"] = (8 + adam_bytes(cfg)) * p / GIB
     if t.backend == "deepspeed":
@@ -232,9 +236,18 @@ def host_parts(cfg: Config, shape: Shape) -> dict[str, float]:
     return parts
 
 
+def host_gib(cfg: Config, shape: Shape) -> float:
+    """The run's host-memory peak: the larger of the load and what the run keeps once it trains (the
+    optimizer state does not exist while the checkpoint loads). The load is the checkpoint, twice
+    where an offloading sharding copies it into its own host buffers before the original is freed."""
+    t, parts = cfg.train, host_parts(cfg, shape)
+    copies = 2 if t.backend in ("fsdp", "deepspeed") and t.offload_params else 1
+    return max(copies * parts[LOAD], sum(v for k, v in parts.items() if k != LOAD))
+
+
 def host_refusal(cfg: Config, shape: Shape) -> str:
     """Why this machine's RAM cannot hold what the run keeps in host memory (with the knob), or ''."""
-    host, have = sum(host_parts(cfg, shape).values()), host_total_gib()
+    host, have = host_gib(cfg, shape), host_total_gib()
     if not have or host <= HOST_USABLE * have:
         return ""
     return (f"host memory: the run would keep ~{host:.0f} GiB of this machine's {have:.0f} GiB (lite-verl plan); "
@@ -336,7 +349,9 @@ def format_plan(cfg: Config, plans: list[GpuPlan], shape: Shape | None = None) -
     lines = []
     if shape is not None:
         host, have = host_parts(cfg, shape), host_total_gib()
-        lines.append(f"host: ~{sum(host.values()):.1f} GiB of {have:.0f} GiB RAM")
+        lines.append(
+            f"host: ~{host_gib(cfg, shape):.1f} GiB of {have:.0f} GiB RAM (the larger of 2x the load and the rest)"
+        )
         lines += [f"    {k:<40} {v:6.2f} GiB" for k, v in host.items()]
     for p in plans:
         verdict = "fits" if p.fits else f"DOES NOT FIT: {knob(cfg, p)}"

@@ -156,6 +156,18 @@ def test_host_memory_of_offloaded_full_fine_tuning(tmp_path, monkeypatch):
         check_plan(cfg, tmp_path)
     monkeypatch.setattr(plan_mod, "host_total_gib", lambda: 256.0)
     check_plan(cfg, tmp_path)  # fits on the GPU (24 GiB cards) and in 256 GiB of RAM
+    # the peak is the larger of the load (fp32 checkpoint + FSDP2's pinned copy; no optimizer state yet)
+    # and what stays: bf16 AdamW moments and no KL bring a 7B within a 128 GB machine
+    assert host[plan_mod.LOAD] == pytest.approx(4 * p / GIB)
+    assert plan_mod.host_gib(cfg, QWEN_7B) == pytest.approx((16 + 2) * p / GIB)
+    low = load_config(
+        "3090x2", None, [*sets, "train.optimizer_state_dtype=bfloat16", "algorithm.use_kl_loss=false"]
+    )
+    assert plan_mod.host_gib(low, QWEN_7B) == pytest.approx(12 * p / GIB)  # ~85 GiB
+    monkeypatch.setattr(plan_mod, "host_total_gib", lambda: 119.0)  # 128 GB
+    check_plan(low, tmp_path)
+    lora = load_config("3090x2", None, ["rollout.quantization=none"])  # no offload: the bf16 load alone
+    assert plan_mod.host_gib(lora, QWEN_7B) == pytest.approx(2 * p / GIB)
 
 
 def test_trainer_memory_cap():
