@@ -12,7 +12,7 @@ token count is exact. Figures per variant: the trainer's peak allocated memory o
 (torch.cuda.max_memory_allocated, summary.json train_peak_gib), the plan's prediction of it
 (GpuPlan.train_alloc_gib: weights, trainable state, activations, the LM head's working set; no CUDA context), the
 relative error, and the median step time. A variant the plan refuses (for instance fsdp at 7B, whose
-offloaded fp32 state needs ~140 GiB of host memory) is recorded as refused with the plan's reason;
+offloaded fp32 state and KL reference need ~128 GiB of host memory) is recorded as refused with the plan's reason;
 fsdp16 is fsdp with AdamW's moments in bf16 (train.optimizer_state_dtype=bfloat16: 12 bytes per
 parameter on the host instead of 16) and no KL (no reference copy on the host), which bring a 7B
 within a 128 GB machine. host_peak_gib is the trainer process's peak RSS against the plan's host total.
