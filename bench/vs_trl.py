@@ -63,7 +63,9 @@ class PeakGpuMemory:
         self.peak_gib = max((float(x) for x in out.split() if x.strip()), default=0.0) / 1024
 
 
-def lite_verl(model: str, steps: int, s: Shared, gpu: bool, sync: str = "adapter") -> dict[str, float]:
+def lite_verl(
+    model: str, steps: int, s: Shared, gpu: bool, sync: str = "adapter", sleep_level: int = 1
+) -> dict[str, float]:
     sets = [f"model.path={model}", f"trainer.total_steps={steps}", f"trainer.batch_size={s.prompts}", f"rollout.n={s.n}",
             f"rollout.max_new_tokens={s.new_tokens}", f"train.lr={s.lr}", f"train.lora_rank={s.rank}", "train.lora_alpha=32",
             "algorithm.use_kl_loss=false", "data.val_size=0", "trainer.progress=false", "data.task=echo"]  # fmt: skip
@@ -72,6 +74,7 @@ def lite_verl(model: str, steps: int, s: Shared, gpu: bool, sync: str = "adapter
             "rollout.quantization=none",
             f"sync.mode={sync}",
             f"train.micro_batch_size={s.micro}",
+            f"rollout.sleep_level={sleep_level}",
             "rollout.gpu_memory_utilization=0.3",
             "data.max_prompt_length=128",
         ]
@@ -177,6 +180,9 @@ def main() -> None:
     ap.add_argument(
         "--sync", default="adapter", choices=("adapter", "merged"), help="--gpu: lite-verl's sync.mode"
     )
+    ap.add_argument(
+        "--sleep-level", type=int, default=1, help="--gpu: lite-verl's rollout.sleep_level (2: merged only)"
+    )
     args = ap.parse_args()
     import trl as trl_pkg
 
@@ -187,8 +193,8 @@ def main() -> None:
         model = str(make_model(args.size, Path("/tmp/models")))
     s = GPU if args.gpu else CPU
     if args.gpu:
-        cmd = f"python bench/vs_trl.py --gpu --steps {args.steps} --size {args.size} --sync {args.sync}"
-        settings = (f"GPU, vLLM colocated in both (lite-verl: 4090x1 layout, no AWQ, sleep + {args.sync} sync; TRL: colocate "
+        cmd = f"python bench/vs_trl.py --gpu --steps {args.steps} --size {args.size} --sync {args.sync} --sleep-level {args.sleep_level}"
+        settings = (f"GPU, vLLM colocated in both (lite-verl: 4090x1 layout, no AWQ, sleep level {args.sleep_level} + {args.sync} sync; TRL: colocate "
                     f"defaults), echo task, {s.prompts} prompts x {s.n}, <= {s.new_tokens} new tokens, LoRA r={s.rank}, lr {s.lr}, "
                     f"bf16, grad checkpointing, micro-batch {s.micro} on both, no KL, {args.steps} steps; TRL {trl_pkg.__version__}")  # fmt: skip
         args.model = f"Qwen2.5-{args.size} shape (random, bf16)"
@@ -211,7 +217,7 @@ def main() -> None:
             )
         print(who, r, flush=True)
 
-    ours = lite_verl(model, args.steps, s, args.gpu, args.sync)
+    ours = lite_verl(model, args.steps, s, args.gpu, args.sync, args.sleep_level)
     record("lite_verl", ours)
     theirs = trl(model, args.steps, s, args.gpu)
     record("trl", theirs)

@@ -67,6 +67,7 @@ class RolloutConfig:
     awq_group_size: int = 128  # awq: input channels per quantization group (32, 64 or 128)
     enforce_eager: bool = False  # vLLM: no CUDA graphs / compile (faster start, slower decode)
     colocate: bool = True  # rollout.gpus == train.gpus: true = hybrid engine (vLLM sleeps during updates); false = split on the same cards
+    sleep_level: int = 1  # colocated vLLM during updates: 1 = weights parked in host memory; 2 = discarded (sync.mode=merged, no AWQ: every weight is reloaded at the next sync, no host round trip)
     max_staleness: int = 0  # 0 = synchronous; 1 = one-step-off-policy: rollout k+1 runs while the trainer updates on k (split placement, vllm)
 
 

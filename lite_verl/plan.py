@@ -231,7 +231,8 @@ def host_parts(cfg: Config, shape: Shape) -> dict[str, float]:
     kl = cfg.algorithm.use_kl_loss or cfg.algorithm.use_kl_in_reward
     if t.backend in ("fsdp", "deepspeed") and t.offload_params and kl:
         parts["reference policy (offloaded)"] = b * p / GIB
-    if cfg.rollout.engine == "vllm" and cfg.rollout.colocate and set(cfg.rollout.gpus) & set(t.gpus):
+    sleeps = cfg.rollout.engine == "vllm" and cfg.rollout.colocate and set(cfg.rollout.gpus) & set(t.gpus)
+    if sleeps and cfg.rollout.sleep_level == 1:  # level 2 discards them
         parts["vLLM weights while asleep"] = served_weights_gib(cfg, shape)
     return parts
 

@@ -107,6 +107,16 @@ def _check_rollout_train(cfg: Config) -> None:
                 "rollout.max_staleness=1 needs split placement: give rollout.gpus other than train.gpus, or set "
                 "rollout.colocate=false to share the cards without sleeping (colocated, vLLM sleeps during updates)"
             )
+    if r.sleep_level not in (1, 2):
+        raise ConfigError(
+            f"rollout.sleep_level={r.sleep_level} must be 1 (park the weights) or 2 (discard them)"
+        )
+    if r.sleep_level == 2 and (cfg.sync.mode != "merged" or r.quantization != "none"):
+        raise ConfigError(
+            "rollout.sleep_level=2 discards vLLM's weights during updates, so the next sync must reload all of "
+            "them: it needs sync.mode=merged and rollout.quantization=none (AWQ layers keep kernel state a "
+            "reload does not rewrite); set rollout.sleep_level=1"
+        )
     if r.quantization == "awq":
         if r.engine != "vllm":
             raise ConfigError(

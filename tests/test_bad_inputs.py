@@ -87,6 +87,8 @@ CASES: dict[str, tuple[list[str], str]] = {
     "stale needs vllm": (["--set", "rollout.max_staleness=1"], "rollout.max_staleness=1 needs rollout.engine=vllm"),
     "stale colocated": (["--preset", "4090x1", "--set", "rollout.max_staleness=1"], "or set rollout.colocate=false"),
     "staleness 2": (["--set", "rollout.max_staleness=2"], "must be 0 (synchronous) or 1"),
+    "sleep level": (["--set", "rollout.sleep_level=3"], "rollout.sleep_level=3 must be 1"),
+    "sleep level 2 adapter": (["--set", "rollout.sleep_level=2"], "it needs sync.mode=merged"),
     "awq needs vllm": (["--set", "rollout.quantization=awq"], "rollout.quantization=awq needs rollout.engine=vllm"),
     "awq group size": (["--set", "rollout.engine=vllm", "--set", "rollout.quantization=awq", "--set",
                         "rollout.awq_group_size=96"], "rollout.awq_group_size=96 must be 32, 64 or 128"),

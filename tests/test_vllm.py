@@ -185,6 +185,28 @@ def test_colocated_sleep_frees_memory_and_outputs_survive():
         session.engine.close()
 
 
+@pytest.mark.gpu
+@pytest.mark.skipif(not has_cuda(), reason="sleep mode is CUDA-only")
+def test_sleep_level_2_discards_the_weights_and_the_sync_restores_them():
+    """rollout.sleep_level=2 (merged sync): asleep, vLLM holds less than at level 1 would (no weights);
+    woken by a generate it reloads the trainer's weights, so the outputs are the same as before."""
+    session = _session("sync.mode=merged", "rollout.sleep_level=2")
+    try:
+        from lite_verl.rollout.base import SamplingSettings
+
+        prompts = session.train_set.token_ids[:4]
+        settings = SamplingSettings(n=2, max_new_tokens=8, temperature=0.0)
+        a = session.engine.generate(prompts, settings, seed=1)
+        session.engine.sleep()
+        session.engine.sync_weights(1)  # wake without reload + the merged push
+        b = session.engine.generate(prompts, settings, seed=1)
+        session.engine.sleep()
+        c = session.engine.generate(prompts, settings, seed=1)  # wakes and reloads by itself
+        assert torch.equal(a.response_ids, b.response_ids) and torch.equal(a.response_ids, c.response_ids)
+    finally:
+        session.engine.close()
+
+
 needs_autoawq = pytest.mark.skipif(
     importlib.util.find_spec("awq") is None, reason="autoawq is not installed: pip install 'lite-verl[awq]'"
 )

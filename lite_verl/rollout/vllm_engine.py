@@ -231,7 +231,7 @@ class VLLMRolloutEngine:
 
     def sync_weights(self, step: int) -> float:
         t0 = time.perf_counter()
-        self.wake()
+        self.wake(reload=self.mode != "merged")  # a merged sync reloads every weight itself
         if self.mode == "adapter":
             self._push_adapter(step)
         else:
@@ -241,13 +241,15 @@ class VLLMRolloutEngine:
     def sleep(self) -> None:
         """Colocated on CUDA: free vLLM's KV cache while the trainer runs."""
         if self.colocated and torch.cuda.is_available() and not self.sleeping and self._pending is None:
-            self._call("sleep")
+            self._call("sleep", level=self.cfg.rollout.sleep_level)
             self.sleeping = True
 
-    def wake(self) -> None:
+    def wake(self, reload: bool = True) -> None:
         if self.sleeping:
             self._call("wake")
             self.sleeping = False
+            if self.cfg.rollout.sleep_level == 2 and reload:  # its weights were discarded: the trainer's
+                self._push_merged()
 
     # --- weight sync -----------------------------------------------------------------------------
     def _push_adapter(self, step: int) -> None:

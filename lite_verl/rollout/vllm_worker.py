@@ -203,8 +203,8 @@ class _Server:
             )
         reset_prefix_cache(self.llm)
 
-    def sleep(self) -> None:
-        self.llm.sleep(level=1)
+    def sleep(self, level: int = 1) -> None:
+        self.llm.sleep(level=level)
 
     def wake(self) -> None:
         self.llm.wake_up()
