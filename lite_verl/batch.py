@@ -35,6 +35,14 @@ class RolloutBatch:
         idx = torch.as_tensor(rows, dtype=torch.long)
         return replace(self, **{f.name: getattr(self, f.name)[idx] for f in fields(self)})
 
+    def trimmed(self) -> RolloutBatch:
+        """The same rows without the prompt columns left of the longest prompt and the response columns
+        right of the longest response (see Experience.trimmed)."""
+        p0, r = padding_bounds(self.attention_mask, self.response_ids.shape[1])
+        return replace(self, prompt_ids=self.prompt_ids[:, p0:], prompt_mask=self.prompt_mask[:, p0:],
+                       response_ids=self.response_ids[:, :r], response_mask=self.response_mask[:, :r],
+                       rollout_log_probs=self.rollout_log_probs[:, :r])  # fmt: skip
+
     def response_texts(self, tokenizer) -> list[str]:
         """Each row's valid response tokens decoded, special tokens (EOS) dropped. Only the masked
         tokens are decoded: padding ids need not be special tokens of every tokenizer."""

@@ -18,7 +18,7 @@ from typing import TypeVar
 import torch
 
 from lite_verl import algos
-from lite_verl.batch import Experience, RolloutBatch, UpdateBatch, length_order, padding_bounds
+from lite_verl.batch import Experience, RolloutBatch, UpdateBatch, length_order
 from lite_verl.config import AlgorithmConfig, Config, CriticConfig
 from lite_verl.errors import UserError
 from lite_verl.train.dist import ONE_RANK, Ranks
@@ -131,14 +131,13 @@ def batched_values(backend, rollout: RolloutBatch, micro: int) -> torch.Tensor:
 def _each_trimmed(rollout: RolloutBatch, micro: int, fn: Callable[..., torch.Tensor]) -> torch.Tensor:
     """fn(ids, mask, response_length) -> [n, r] over micro-batches cut from the rows in length order,
     each without its all-padding columns; the results in row order, padded back to [N, R]."""
-    ids, mask, r_all = rollout.input_ids, rollout.attention_mask, rollout.response_ids.shape[1]
-    order = length_order(mask)
-    out = torch.zeros(ids.shape[0], r_all, dtype=torch.float32)
+    order = length_order(rollout.attention_mask)
+    out = torch.zeros(rollout.response_mask.shape, dtype=torch.float32)
     for s in range(0, len(order), micro):
-        rows = torch.tensor(order[s : s + micro])
-        p0, r = padding_bounds(mask[rows], r_all)
-        keep = slice(p0, ids.shape[1] - r_all + r)
-        out[rows, :r] = fn(ids[rows][:, keep], mask[rows][:, keep], r).float().cpu()
+        rows = order[s : s + micro]
+        m = rollout.take(rows).trimmed()
+        r = m.response_ids.shape[1]
+        out[rows, :r] = fn(m.input_ids, m.attention_mask, r).float().cpu()
     return out * rollout.response_mask
 
 
@@ -241,9 +240,8 @@ def run_update(
         # every rank's peak so far (rank 0 resets its own each step): the bill and the plan need them all
         peak = torch.tensor([torch.cuda.max_memory_allocated(device) / 2**30], dtype=torch.float64)
         metrics.update({f"perf/train_peak_gib_rank{r}": float(v) for r, v in enumerate(ranks.gather(peak))})
-        if (
-            ranks.rank
-        ):  # a follower's figure covers one update, as rank 0's (reset by loop.py) covers one step
+        # a follower's figure covers one update, as rank 0's (reset by loop.py) covers one step
+        if ranks.rank:
             torch.cuda.reset_peak_memory_stats(device)
     return metrics
 
