@@ -351,7 +351,7 @@ def format_plan(cfg: Config, plans: list[GpuPlan], shape: Shape | None = None) -
     if shape is not None:
         host, have = host_parts(cfg, shape), host_total_gib()
         lines.append(
-            f"host: ~{host_gib(cfg, shape):.1f} GiB of {have:.0f} GiB RAM (the larger of 2x the load and the rest)"
+            f"host: ~{host_gib(cfg, shape):.1f} GiB of {have:.0f} GiB RAM (the larger of the load and what stays)"
         )
         lines += [f"    {k:<40} {v:6.2f} GiB" for k, v in host.items()]
     for p in plans:

@@ -90,18 +90,17 @@ def _block_logits(h: torch.Tensor, weight: torch.Tensor, temperature: float, fp3
     fp32 output (the hidden states are the model's output in its dtype, so nothing is rounded); on a
     CPU a vocabulary chunk of the weight is cast to fp32 at a time."""
     if not fp32:
-        z = (h.to(weight.dtype) @ weight.t()).float()
-    elif (
-        _tensor_cores(h, weight)
-        and h.dtype == weight.dtype
-        and (z := _mm_fp32_out(h, weight.t())) is not None
-    ):
-        pass
-    else:
+        return _scaled((h.to(weight.dtype) @ weight.t()).float(), temperature)
+    z = _mm_fp32_out(h, weight.t()) if _tensor_cores(h, weight) and h.dtype == weight.dtype else None
+    if z is None:
         z = torch.empty(h.shape[0], weight.shape[0], dtype=torch.float32, device=h.device)
         hf = h.float()
         for s in range(0, weight.shape[0], CHUNK_ROWS):
             z[:, s : s + CHUNK_ROWS] = hf @ weight[s : s + CHUNK_ROWS].float().t()
+    return _scaled(z, temperature)
+
+
+def _scaled(z: torch.Tensor, temperature: float) -> torch.Tensor:
     return z / temperature if temperature > 0 else z
 
 

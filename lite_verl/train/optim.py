@@ -11,7 +11,6 @@ well inside the noise of their own running averages.
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import torch
@@ -50,7 +49,6 @@ class LowStateAdamW(torch.optim.Optimizer):
     @torch.no_grad()
     def step(self, closure: Any = None) -> None:  # type: ignore[override]
         assert closure is None, "LowStateAdamW takes no closure"
-        fused = getattr(torch, "_fused_adamw_", None)  # torch's one-pass AdamW kernel (CPU and CUDA)
         for group in self.param_groups:
             lr, (b1, b2), eps, wd = group["lr"], group["betas"], group["eps"], group["weight_decay"]
             for p in group["params"]:
@@ -67,15 +65,9 @@ class LowStateAdamW(torch.optim.Optimizer):
                 state["step"] += 1
                 m_low, v_low = _local(state["exp_avg"]), _local(state["exp_avg_sq"])
                 m, v = m_low.to(w.dtype), v_low.to(w.dtype)  # copies when the state is narrower
-                if fused is not None:
-                    fused([w], [g], [m], [v], [], [state["step"]], amsgrad=False, lr=lr, beta1=b1, beta2=b2,
-                          weight_decay=wd, eps=eps, maximize=False)  # fmt: skip
-                else:
-                    t = float(state["step"])
-                    m.mul_(b1).add_(g, alpha=1 - b1)
-                    v.mul_(b2).addcmul_(g, g, value=1 - b2)
-                    w.mul_(1 - lr * wd)
-                    w.addcdiv_(m, (v.sqrt() / math.sqrt(1 - b2**t)).add_(eps), value=-lr / (1 - b1**t))
+                # torch's one-pass AdamW kernel (what AdamW(fused=True) runs; CPU and CUDA, torch >= 2.4)
+                torch._fused_adamw_([w], [g], [m], [v], [], [state["step"]], amsgrad=False, lr=lr, beta1=b1,
+                                    beta2=b2, weight_decay=wd, eps=eps, maximize=False)  # fmt: skip
                 if m is not m_low:
                     m_low.copy_(m)
                     v_low.copy_(v)
