@@ -40,7 +40,7 @@ VARIANTS = {
 }
 
 
-def fake_batch(rows: int, prompt: int, response: int, vocab: int, seed: int):
+def fake_batch(rows: int, prompt: int, response: int, vocab: int, n: int, seed: int):
     """One step's rollout of random tokens: full-length prompts and responses, a spread of rewards."""
     from lite_verl.batch import RolloutBatch, UpdateBatch
 
@@ -52,7 +52,6 @@ def fake_batch(rows: int, prompt: int, response: int, vocab: int, seed: int):
         response_mask=torch.ones(rows, response, dtype=torch.long),
         rollout_log_probs=-torch.rand(rows, response, generator=g) * 5,
     )
-    n = 8
     scores = torch.rand(rows, generator=g)
     return UpdateBatch(rollout, scores, torch.arange(rows // n).repeat_interleave(n), None, 1)
 
@@ -86,7 +85,7 @@ def measure(variant: str, model_dir: Path, args) -> dict[str, float]:
 
     head.EXACT_FP32 = variant == "exact_fp32"
     vocab = min(backend.model.get_base_model().get_output_embeddings().weight.shape[0], args.max_token_id)
-    batch = fake_batch(args.rows, args.prompt, args.response, vocab, 0)
+    batch = fake_batch(args.rows, args.prompt, args.response, vocab, cfg.rollout.n, 0)
     kl = make_kl_controller(cfg.algorithm)
     micro = MicroBatchSize(cfg.train.micro_batch_size)
     run_update(backend, batch, cfg, kl, micro)  # warm-up
