@@ -43,3 +43,13 @@ def has_cuda() -> bool:
         return torch.cuda.is_available()
     except ImportError:  # pragma: no cover
         return False
+
+
+def assert_refused(overrides: list[str], message: str, preset: str = "laptop") -> None:
+    """load_config refuses the overrides with a one-line ConfigError matching `message`."""
+    from lite_verl.config import load_config
+    from lite_verl.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=message) as e:
+        load_config(preset, None, overrides)
+    assert "\n" not in str(e.value)
