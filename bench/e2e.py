@@ -31,7 +31,7 @@ VARIANTS = {
 
 def run(variant: str, steps: int, model: str, task: str, out: Path, group: int = 128) -> None:
     run_dir = Path("/tmp/lite-verl-e2e") / variant
-    sets = [f"model.path={model}", f"data.task={task}", f"trainer.total_steps={steps}", "trainer.progress=false",
+    sets = [f"model.path={model}", f"data.task={task}", f"trainer.total_steps={steps}",
             "rollout.enforce_eager=true", "trainer.val_every=" + str(max(steps // 4, 1)), *VARIANTS[variant]]  # fmt: skip
     if "awq" in variant:
         sets.append(f"rollout.awq_group_size={group}")

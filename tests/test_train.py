@@ -250,3 +250,28 @@ def test_trimmed_micro_batches_give_the_whole_batch_gradient(mode):
     backend.zero_grad()
     assert one_loss == pytest.approx(all_loss, rel=1e-5, abs=1e-7)
     assert (one - whole).abs().max() < 1e-4 * whole.abs().max(), (one - whole).abs().max()
+
+
+def test_merged_buckets_with_everything_hold_the_whole_merged_model():
+    """sync.mode=merged sends only the adapted modules' linears; with `everything` (rollout.sleep_level=2,
+    whose engine discarded its weights) the buckets are the whole merged model under its HF names."""
+    import copy
+
+    session = prepare(load_config("laptop", None, SMALL))
+    model = session.backend.model
+    with torch.no_grad():
+        for n, p in model.named_parameters():
+            if "lora_B" in n:
+                p.normal_(0, 0.02, generator=torch.Generator().manual_seed(len(n)))
+    some = {n for bucket in session.backend.merged_weight_buckets(2**20, "float32") for n, _ in bucket}
+    whole = {
+        n: t
+        for bucket in session.backend.merged_weight_buckets(2**20, "float32", everything=True)
+        for n, t in bucket
+    }
+    reference = copy.deepcopy(model).merge_and_unload().state_dict()
+    if model.config.tie_word_embeddings:
+        reference.pop("lm_head.weight")
+    assert some < set(whole) and set(whole) == set(reference)
+    assert "model.embed_tokens.weight" in whole and "model.norm.weight" not in some
+    assert all(torch.allclose(whole[n], reference[n].float(), atol=1e-6) for n in reference)

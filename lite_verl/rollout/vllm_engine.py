@@ -307,7 +307,10 @@ class VLLMRolloutEngine:
         share_cuda = self.same_gpus and torch.cuda.is_available()
         bucket_bytes = int(self.cfg.sync.bucket_mb * 2**20)
         convert = self._awq_linear if self.recipe else None
-        for bucket in self.backend.merged_weight_buckets(bucket_bytes, self.serving_dtype, convert):
+        everything = self.cfg.rollout.sleep_level == 2  # asleep it discarded all its weights, not only LoRA's
+        for bucket in self.backend.merged_weight_buckets(
+            bucket_bytes, self.serving_dtype, convert, everything
+        ):
             payload = bucket if share_cuda else [(n, t.cpu()) for n, t in bucket]
             self._call("load_weights", named_tensors=payload, awq_copy=self.awq_copy)
             del bucket, payload

@@ -238,8 +238,9 @@ class FullBackend:
             yield group
 
     @torch.no_grad()
-    def merged_weight_buckets(self, bucket_bytes: int, dtype: str, convert=None):
-        """Lists of (HF parameter name, tensor) of about bucket_bytes each: every weight of the model,
+    def merged_weight_buckets(self, bucket_bytes: int, dtype: str, convert=None, everything: bool = True):
+        """Lists of (HF parameter name, tensor) of about bucket_bytes each: every weight of the model
+        (`everything` is always so here),
         gathered one module at a time and rounded once to `dtype`, as LoraBackend yields them.
         `convert(name, weight, bias) -> {name: tensor}` replaces that rounding for linear layers. A parent
         module's tensors are never split across buckets (vLLM reloads fused q/k/v, gate/up whole)."""

@@ -279,9 +279,9 @@ class GroupBackend:
     def load(self, directory: Path) -> None:
         self.group.run("load", lambda: self.local.load(directory), {"directory": str(directory)})
 
-    def merged_weight_buckets(self, bucket_bytes: int, dtype: str, convert=None):
+    def merged_weight_buckets(self, bucket_bytes: int, dtype: str, convert=None, everything: bool = False):
         if not self.sharded:
-            yield from self.local.merged_weight_buckets(bucket_bytes, dtype, convert)
+            yield from self.local.merged_weight_buckets(bucket_bytes, dtype, convert, everything)
             return
         assert convert is None  # AWQ re-quantization is LoRA-only (validation)
         with self.group.guard():

@@ -249,10 +249,37 @@ class LoraBackend:
                 group.append((name, weight, base.bias))
             yield group
 
-    def merged_weight_buckets(self, bucket_bytes: int, dtype: str, convert=None):
+    @torch.no_grad()
+    def unadapted_tensors(self, sent: set[str]):
+        """Yield (HF parameter name, fp32 tensor) for every base weight merged_linears did not
+        send (`sent`: the linear layers' names it did): embeddings, norms, the head, linear layers of
+        modules without an adapter. A shared (tied) tensor once, under its first name."""
+        from peft.tuners.lora import LoraLayer
+
+        seen: set[int] = set()
+        for name, module in self.model.named_modules():
+            name = name.removeprefix("base_model.model.")
+            if isinstance(module, LoraLayer) or ".lora_" in name or name.endswith(".base_layer"):
+                continue  # the adapter, and adapted layers (sent, merged) with their base
+            if isinstance(module, torch.nn.Linear):
+                if name in sent or id(module.weight) in seen:
+                    continue
+                seen.add(id(module.weight))
+                yield f"{name}.weight", dense_weight(module)
+                if module.bias is not None:
+                    yield f"{name}.bias", module.bias.float()
+                continue
+            for n, p in module.named_parameters(recurse=False):
+                if id(p) not in seen:
+                    seen.add(id(p))
+                    yield (f"{name}.{n}" if name else n), p.float()
+
+    def merged_weight_buckets(self, bucket_bytes: int, dtype: str, convert=None, everything: bool = False):
         """Lists of (parameter name, tensor) of about bucket_bytes each (whole groups of merged_linears,
         summed in fp32 and rounded once to `dtype`). `convert(name, weight, bias) -> {name: tensor}`
-        replaces that rounding (AWQ re-quantization). Tensors stay on the trainer's device."""
+        replaces that rounding (AWQ re-quantization). everything: also every weight LoRA leaves alone
+        (unadapted_tensors), for an engine that discarded its own (rollout.sleep_level=2). Tensors stay
+        on the trainer's device."""
         from lite_verl.device import torch_dtype
 
         def plain(name, weight, bias):
@@ -262,15 +289,22 @@ class LoraBackend:
             return out
 
         bucket: list[tuple[str, torch.Tensor]] = []
-        size = 0
+        size, sent = 0, set()
         for group in self.merged_linears():
             for name, weight, bias in group:
+                sent.add(name)
                 for n, t in (convert or plain)(name, weight, bias).items():
                     bucket.append((n, t))
                     size += t.numel() * t.element_size()
             if size >= bucket_bytes:
                 yield bucket
                 bucket, size = [], 0
+        for n, t in self.unadapted_tensors(sent) if everything else ():
+            if size >= bucket_bytes:
+                yield bucket
+                bucket, size = [], 0
+            bucket.append((n, t.to(torch_dtype(dtype))))
+            size += t.numel() * t.element_size()
         if bucket:
             yield bucket
 
