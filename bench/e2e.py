@@ -29,9 +29,12 @@ VARIANTS = {
 }
 
 
-def run(variant: str, steps: int, model: str, task: str, out: Path, group: int = 128) -> None:
+def run(
+    variant: str, steps: int, model: str, task: str, out: Path, group: int = 128, new_tokens: int = 0
+) -> None:
     run_dir = Path("/tmp/lite-verl-e2e") / variant
     sets = [f"model.path={model}", f"data.task={task}", f"trainer.total_steps={steps}",
+            *([f"rollout.max_new_tokens={new_tokens}"] if new_tokens else []),
             "rollout.enforce_eager=true", "trainer.val_every=" + str(max(steps // 4, 1)), *VARIANTS[variant]]  # fmt: skip
     if "awq" in variant:
         sets.append(f"rollout.awq_group_size={group}")
@@ -59,6 +62,9 @@ def run(variant: str, steps: int, model: str, task: str, out: Path, group: int =
     )
     settings = f"{where}, enforce_eager, {variant}: {' '.join(VARIANTS[variant]) or 'AWQ rollout, adapter sync'}, {steps} steps"
     command = f"python bench/e2e.py --steps {steps} --variants {variant} --model {model} --task {task}"
+    if new_tokens:
+        command += f" --max-new-tokens {new_tokens}"
+        settings += f", <= {new_tokens} new tokens"
     if "awq" in variant:
         command += f" --awq-group {group}"
         settings += f", AWQ group {group}"
@@ -79,10 +85,11 @@ def main() -> None:
     ap.add_argument("--model", default="tiny:qwen2")
     ap.add_argument("--task", default="echo")
     ap.add_argument("--awq-group", type=int, default=128, help="rollout.awq_group_size (SmolLM2-135M: 64)")
+    ap.add_argument("--max-new-tokens", type=int, default=0, help="rollout.max_new_tokens (0: the preset's)")
     ap.add_argument("--out", type=Path, default=Path(__file__).resolve().parent / "runs")
     args = ap.parse_args()
     for v in args.variants.split(","):
-        run(v, args.steps, args.model, args.task, args.out, args.awq_group)
+        run(v, args.steps, args.model, args.task, args.out, args.awq_group, args.max_new_tokens)
     REPORT.write_text(render())
 
 

