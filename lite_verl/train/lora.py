@@ -259,17 +259,19 @@ class LoraBackend:
         seen: set[int] = set()
         for name, module in self.model.named_modules():
             name = name.removeprefix("base_model.model.")
-            if isinstance(module, LoraLayer) or ".lora_" in name or name.endswith(".base_layer"):
-                continue  # the adapter, and adapted layers (sent, merged) with their base
-            if isinstance(module, torch.nn.Linear):
-                if name in sent or id(module.weight) in seen:
+            if ".lora_" in name or name.endswith(".base_layer"):
+                continue  # adapter tensors, and base layers (reached through their LoRA wrapper)
+            # a LoRA wrapper not in `sent` holds no actor adapter: its base layer's tensors are the weights
+            linear = module.get_base_layer() if isinstance(module, LoraLayer) else module
+            if isinstance(linear, torch.nn.Linear):
+                if name in sent or id(linear.weight) in seen:
                     continue
-                seen.add(id(module.weight))
-                yield f"{name}.weight", dense_weight(module)
-                if module.bias is not None:
-                    yield f"{name}.bias", module.bias.float()
+                seen.add(id(linear.weight))
+                yield f"{name}.weight", dense_weight(linear)
+                if linear.bias is not None:
+                    yield f"{name}.bias", linear.bias.float()
                 continue
-            for n, p in module.named_parameters(recurse=False):
+            for n, p in linear.named_parameters(recurse=False):
                 if id(p) not in seen:
                     seen.add(id(p))
                     yield (f"{name}.{n}" if name else n), p.float()
