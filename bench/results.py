@@ -61,8 +61,9 @@ NOTES = {  # what a reader must know about a table that its rows do not say
     " 037aa26, fsdp16 at 7B (bf16 AdamW moments, no KL; the plan: ~85 GiB of host memory): KILLED by the"
     " host's OOM killer (126 GiB machine) after vLLM loaded, before a step; only the plan row exists. Likely"
     " cause, worked out after the run and not yet confirmed on the GPU: torch's pinned-memory allocator rounds every allocation up to a power of two, and"
-    " FSDP2's CPU offload pins each fp32 shard and gradient (a 7B MLP weight, 271 MB, takes 512 MB): ~1.85x"
-    " for the 61 GB of weights and gradients, ~140 GiB in all. lite-verl now asks torch for exact pinned"
+    " FSDP2's CPU offload pins each fp32 shard and gradient (a 7B MLP weight, 271 MB, takes 512 MB). Over"
+    " Qwen2.5-7B's tensors that is 1.9x: 108 GiB for weights + gradients, plus 28 GiB of bf16 moments ="
+    " 136 GiB, against 85 GiB at exact sizes. lite-verl now asks torch for exact pinned"
     " sizes (pinned_max_round_threshold_mb) and checks it took; where it cannot, it offloads to pageable"
     " memory.",
     "awq_rollout": "Random-init weights; the AWQ twin is packed by lite-verl with unit scales and no clip (speed "
