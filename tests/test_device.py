@@ -35,6 +35,7 @@ def test_offloaded_state_is_pinned_only_where_pinning_is_exact(capsys):
     from lite_verl.device import exact_pinned_memory
     from lite_verl.train.fsdp import pin_offload
 
+    pin_offload.cache_clear()
     if not has_cuda():
         assert not exact_pinned_memory() and not pin_offload("cuda") and not capsys.readouterr().err
         return

@@ -9,6 +9,7 @@ AdamW state stay in host memory and the optimizer steps there.
 
 from __future__ import annotations
 
+import functools
 import math
 import sys
 from contextlib import contextmanager
@@ -38,9 +39,11 @@ def shard_fsdp(model: torch.nn.Module, mesh, param_dtype: torch.dtype | None, of
     fully_shard(model, mesh=mesh, mp_policy=mp, offload_policy=policy)
 
 
+@functools.cache
 def pin_offload(device_type: str) -> bool:
     """Pin offloaded host memory (faster copies to the GPU) where pinning takes no more than the tensors
-    need (device.exact_pinned_memory); otherwise pageable memory, slower but the size the plan counts."""
+    need (device.exact_pinned_memory); otherwise pageable memory, slower but the size the plan counts. Decided
+    (and said) once per process: the policy and the reference model share it."""
     from lite_verl.device import exact_pinned_memory
 
     if device_type != "cuda" or not torch.cuda.is_available():
@@ -48,8 +51,9 @@ def pin_offload(device_type: str) -> bool:
     if exact_pinned_memory():
         return True
     print(
-        "lite-verl: this torch rounds pinned host memory up to powers of two (up to 2x the offloaded state); "
-        "offloading to pageable memory instead (slower copies); torch>=2.13 avoids this",
+        "lite-verl: this torch rounds pinned host memory up to powers of two (up to 2x the offloaded "
+        "state); offloading to pageable memory instead (slower copies); a torch with "
+        "pinned_max_round_threshold_mb (2.13) avoids it",
         file=sys.stderr,
     )
     return False
