@@ -19,6 +19,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results.jsonl"
 REPORT = HERE / "RESULTS.md"
+CURVES = HERE / "runs"  # {bench}_curve_{tag}.jsonl: learning curves shown under their bench's table
 NOTES = {  # what a reader must know about a table that its rows do not say
     "estimators": "The 2026-12-02 rows ran while other jobs shared the 2 cores: their wall times are "
     "inflated (a lone laptop run takes ~30 s, see `laptop`); the reward figures are unaffected.",
@@ -202,6 +203,51 @@ def append(
     return row
 
 
+def write_curve(bench: str, tag: str, about: str, curves: dict[str, list[tuple[int, float, float]]]) -> Path:
+    """Save one run's learning curves, {trainer: [(step, wall seconds so far, reward)]}, for render()."""
+    CURVES.mkdir(exist_ok=True)
+    path = CURVES / f"{bench}_curve_{tag}.jsonl"
+    meta = {"about": about, "date": time.strftime("%Y-%m-%d"), "commit": commit(), "hardware": hardware()}
+    lines = [json.dumps({"meta": meta})]
+    lines += [
+        json.dumps({"trainer": who, "step": s, "wall_s": t, "reward": r})
+        for who, c in curves.items()
+        for s, t, r in c
+    ]
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def curve_tables(bench: str, points: int = 12) -> list[str]:
+    """Markdown tables of the bench's saved learning curves: reward and wall time at up to `points` steps."""
+    out: list[str] = []
+    for path in sorted(CURVES.glob(f"{bench}_curve_*.jsonl")):
+        rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+        meta = rows[0]["meta"]
+        by: dict[str, dict[int, dict]] = defaultdict(dict)
+        for r in rows[1:]:
+            by[r["trainer"]][r["step"]] = r
+        who = list(by)
+        steps = sorted({s for c in by.values() for s in c})
+        shown = (
+            sorted({steps[round(i * (len(steps) - 1) / max(points - 1, 1))] for i in range(points)})
+            if steps
+            else []
+        )
+        out += [f"Learning curves, {meta['about']} ({meta['date']}, {meta['commit']}, {meta['hardware']}; "
+                f"{path.relative_to(HERE.parent)}):", "",
+                "| step | " + " | ".join(f"{w} reward | {w} wall s" for w in who) + " |",
+                "|---|" + "---|---|" * len(who)]  # fmt: skip
+        for s in shown:
+            cells = []
+            for w in who:
+                r = by[w].get(s)
+                cells += [f"{r['reward']:.3f}", f"{r['wall_s']:.1f}"] if r else ["", ""]
+            out.append(f"| {s} | " + " | ".join(cells) + " |")
+        out.append("")
+    return out
+
+
 def render() -> str:
     rows = (
         [json.loads(line) for line in RESULTS.read_text().splitlines() if line.strip()]
@@ -233,6 +279,7 @@ def render() -> str:
                 f"{r['metric']} | {value} | {r['unit']} | `{r['command']}` |"
             )
         out.append("")
+        out += curve_tables(bench)
     return "\n".join(out)
 
 

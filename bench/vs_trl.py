@@ -8,17 +8,19 @@ batch, temperature 1, LoRA r=16 alpha 32 on all linear layers, no KL term (TRL b
 use_kl_loss=false). CPU: tiny model, 16 prompts x 8 samples, <= 16 new tokens, lr 3e-3, fp32, HF
 generate on both sides. GPU (--gpu): a Qwen2.5-{size}-shaped random model, 32 prompts x 8, <= 256 new
 tokens, lr 1e-5, bf16, gradient checkpointing; lite-verl's 4090x1 layout without AWQ (vLLM colocated,
-sleeping during updates, adapter sync) vs TRL's vLLM colocate mode (TRL's defaults: no sleep, weights
-merged and loaded into vLLM each step), micro-batches of 8 (lite-verl) and 32 (TRL: per-device batch,
-8 accumulation steps = one optimizer step per generation batch).
+sleeping during updates, --sync adapter|merged) vs TRL's vLLM colocate mode (TRL's defaults: no sleep,
+weights merged and loaded into vLLM each step), micro-batches of 32 sequences on both (TRL: per-device
+batch 32, 8 accumulation steps = one optimizer step per generation batch).
 Throughput = (generated tokens + tokens through the update's forward/backward) / wall seconds of the
 training loop (model loading excluded). Also: the echo reward of the last 10% of steps, and on a GPU the
-peak memory used on the device (nvidia-smi, both lite-verl processes together).
+peak memory used on the device (nvidia-smi, both lite-verl processes together). Each run's reward per
+step and wall time of both trainers go to bench/runs/vs_trl_curve_*.jsonl, shown in RESULTS.md.
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import statistics
 import sys
 import time
@@ -26,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from results import REPORT, append, render  # noqa: E402
+from results import REPORT, append, render, write_curve  # noqa: E402
 from train_run import single_process_group_env, train_run  # noqa: E402
 
 
@@ -43,6 +45,7 @@ class Shared:
 
 
 CPU, GPU = Shared(), Shared(prompts=32, new_tokens=256, lr=1e-5, micro=32)
+CURVE: dict[str, list[tuple[int, float, float]]] = {}  # trainer -> (step, wall seconds so far, reward)
 
 
 class PeakGpuMemory:
@@ -92,6 +95,8 @@ def lite_verl(
         out[f"{phase}_s"] = statistics.median(r.get(f"timing/{phase}_s", 0.0) for r in train)
     if gpu:
         out["peak_gpu_memory_gib"] = mem.peak_gib
+    clock = itertools.accumulate(r["timing/step_s"] for r in train)
+    CURVE["lite-verl"] = [(int(r["step"]), t, r["reward/mean"]) for r, t in zip(train, clock)]
     return out
 
 
@@ -124,7 +129,7 @@ def trl(model: str, steps: int, s: Shared, gpu: bool) -> dict[str, float]:
     class Keep(TrainerCallback):
         def on_log(self, args, state, control, logs_=None, **kw):
             if kw.get("logs"):
-                logs.append(dict(kw["logs"]))
+                logs.append({**kw["logs"], "_wall_s": time.perf_counter() - t0})
 
     where = dict(
         per_device_train_batch_size=s.prompts * s.n, gradient_accumulation_steps=1, steps_per_generation=1, use_cpu=True,
@@ -168,6 +173,7 @@ def trl(model: str, steps: int, s: Shared, gpu: bool) -> dict[str, float]:
            "reward_last_10pct": statistics.mean(rewards[-k:]), "wall_s": wall}  # fmt: skip
     if gpu:
         out["peak_gpu_memory_gib"] = mem.peak_gib
+    CURVE["TRL"] = [(i + 1, x["_wall_s"], r) for i, (x, r) in enumerate(zip(steps_logged, rewards))]
     return out
 
 
@@ -223,6 +229,8 @@ def main() -> None:
     record("trl", theirs)
     append("vs_trl", args.model, settings, "lite_verl_over_trl_tokens_per_s", ours["tokens_per_s"] / theirs["tokens_per_s"],
            "ratio", cmd)  # fmt: skip
+    tag = f"gpu_{args.size}_{args.sync}" if args.gpu else "cpu_tiny"
+    write_curve("vs_trl", tag, f"{args.model}, echo task, reward per step (`{cmd}`)", CURVE)
     print(f"ratio {ours['tokens_per_s'] / theirs['tokens_per_s']:.2f}", flush=True)
     REPORT.write_text(render())
 
