@@ -14,7 +14,9 @@ batch 32, 8 accumulation steps = one optimizer step per generation batch).
 Throughput = (generated tokens + tokens through the update's forward/backward) / wall seconds of the
 training loop (model loading excluded). Also: the echo reward of the last 10% of steps, and on a GPU the
 peak memory used on the device (nvidia-smi, both lite-verl processes together). Each run's reward per
-step and wall time of both trainers go to bench/runs/vs_trl_curve_*.jsonl, shown in RESULTS.md.
+step and wall time of both trainers (the last run of each) go to bench/runs/vs_trl_curve_*.jsonl, shown in
+RESULTS.md. --repeats N (3 by default on a CPU, whose timings scatter by tens of percent from run to run)
+alternates the two sides N times and reports medians and the spread of the pairs' ratios.
 """
 
 from __future__ import annotations
@@ -189,7 +191,11 @@ def main() -> None:
     ap.add_argument(
         "--sleep-level", type=int, default=1, help="--gpu: lite-verl's rollout.sleep_level (2: merged only)"
     )
+    ap.add_argument(
+        "--repeats", type=int, default=0, help="runs per side, alternating (default: 3 on CPU, 1 on GPU)"
+    )
     args = ap.parse_args()
+    args.repeats = args.repeats or (1 if args.gpu else 3)
     import trl as trl_pkg
 
     model = args.model
@@ -205,7 +211,7 @@ def main() -> None:
                     f"bf16, grad checkpointing, micro-batch {s.micro} on both, no KL, {args.steps} steps; TRL {trl_pkg.__version__}")  # fmt: skip
         args.model = f"Qwen2.5-{args.size} shape (random, bf16)"
     else:
-        cmd = f"python bench/vs_trl.py --steps {args.steps} --model {args.model}"
+        cmd = f"python bench/vs_trl.py --steps {args.steps} --model {args.model} --repeats {args.repeats}"
         settings = (f"CPU, HF generate in both, echo task, {s.prompts} prompts x {s.n}, <= {s.new_tokens} new tokens, LoRA r={s.rank}, "
                     f"lr {s.lr}, no KL, {args.steps} steps; TRL {trl_pkg.__version__}")  # fmt: skip
     units = {"tokens_per_s": "token/s", "peak_gpu_memory_gib": "GiB"}
@@ -223,12 +229,29 @@ def main() -> None:
             )
         print(who, r, flush=True)
 
-    ours = lite_verl(model, args.steps, s, args.gpu, args.sync, args.sleep_level)
-    record("lite_verl", ours)
-    theirs = trl(model, args.steps, s, args.gpu)
-    record("trl", theirs)
+    if args.repeats > 1:  # alternate who goes first; each side's figures are the medians of its runs
+        settings += f"; medians of {args.repeats} alternating runs per side"
+    runs: dict[str, list[dict[str, float]]] = {"lite_verl": [], "trl": []}
+    for i in range(args.repeats):
+        for who in ("lite_verl", "trl") if i % 2 == 0 else ("trl", "lite_verl"):
+            if who == "lite_verl":
+                runs[who].append(lite_verl(model, args.steps, s, args.gpu, args.sync, args.sleep_level))
+            else:
+                runs[who].append(trl(model, args.steps, s, args.gpu))
+            if args.repeats == 1:
+                record(who, runs[who][0])  # at once: a run cut short keeps the side that finished
+    if args.repeats > 1:
+        for who, r in runs.items():
+            record(who, {k: statistics.median(x[k] for x in r) for k in r[0]})
+    ours, theirs = (
+        {k: statistics.median(x[k] for x in runs[w]) for k in runs[w][0]} for w in ("lite_verl", "trl")
+    )
     append("vs_trl", args.model, settings, "lite_verl_over_trl_tokens_per_s", ours["tokens_per_s"] / theirs["tokens_per_s"],
            "ratio", cmd)  # fmt: skip
+    if args.repeats > 1:  # how far single pairs scatter
+        pairs = [a["tokens_per_s"] / b["tokens_per_s"] for a, b in zip(runs["lite_verl"], runs["trl"])]
+        append("vs_trl", args.model, settings, "pair_ratio_min", min(pairs), "ratio", cmd)
+        append("vs_trl", args.model, settings, "pair_ratio_max", max(pairs), "ratio", cmd)
     tag = f"gpu_{args.size}_{args.sync}" if args.gpu else "cpu_tiny"
     write_curve("vs_trl", tag, f"{args.model}, echo task, reward per step (`{cmd}`)", CURVE)
     print(f"ratio {ours['tokens_per_s'] / theirs['tokens_per_s']:.2f}", flush=True)
