@@ -65,4 +65,5 @@ case "${1:-}" in
 esac
 rc=${PIPESTATUS[0]}
 diff <(cat bench/results.jsonl.before) bench/results.jsonl | sed -n 's/^> //p' >> "$OUT/results_new.jsonl"
+cp bench/runs/*_curve_*.jsonl "$OUT/" 2>/dev/null  # learning curves (vs_trl, gsm8k): into bench/runs/ here
 exit $rc

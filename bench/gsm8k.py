@@ -14,6 +14,7 @@ signal). Evaluation: greedy, <= 256 new tokens, the whole test set (1,319), accu
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import subprocess
 import sys
@@ -21,7 +22,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from results import REPORT, append, render  # noqa: E402
+from results import REPORT, append, render, write_curve  # noqa: E402
 from train_run import single_process_group_env, train_run  # noqa: E402
 
 PROMPTS, N, NEW_TOKENS, LR, RANK = 32, 8, 256, 2e-5, 16
@@ -119,7 +120,7 @@ def trl(model: Path, train: Path, steps: int, out: Path) -> tuple[Path, dict]:
     class Keep(TrainerCallback):
         def on_log(self, args, state, control, **kw):
             if kw.get("logs"):
-                logs.append(dict(kw["logs"]))
+                logs.append({**kw["logs"], "_wall_s": time.perf_counter() - t0})
 
     micro = MICRO
     args = GRPOConfig(
@@ -174,6 +175,10 @@ def main() -> None:
         append("gsm8k", model.name, settings, metric, value, unit, cmd)
     print(f"lite-verl after {args.steps} steps: {after:.4f} ({ours['wall_s']:.0f} s)", flush=True)
     (args.out / "lite_verl_rewards.json").write_text(json.dumps([r["reward/mean"] for r in rows]))
+    clock = itertools.accumulate(r["timing/step_s"] for r in rows)
+    curves = {"lite-verl": [(int(r["step"]), t, r["reward/mean"]) for r, t in zip(rows, clock)]}
+    about = f"{model.name} on GSM8K, reward per step (`{cmd}`)"
+    write_curve("gsm8k", "h200", about, curves)  # now, and again with TRL's: a cut run keeps lite-verl's
     if not args.no_trl:
         merged, theirs = trl(model, train, args.steps, args.out)
         after_trl = evaluate(merged, test)
@@ -187,6 +192,8 @@ def main() -> None:
             append("gsm8k", model.name, settings, metric, value, unit, cmd)
         print(f"TRL after {args.steps} steps: {after_trl:.4f} ({theirs['wall_s']:.0f} s)", flush=True)
         (args.out / "trl_rewards.json").write_text(json.dumps([x["reward"] for x in logs]))
+        curves["TRL"] = [(i + 1, x["_wall_s"], x["reward"]) for i, x in enumerate(logs)]
+        write_curve("gsm8k", "h200", about, curves)
     REPORT.write_text(render())
 
 
