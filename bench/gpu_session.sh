@@ -26,7 +26,8 @@ export LITE_VERL_CACHE=/tmp/lite-verl-cache HF_HUB_OFFLINE=1 LITE_VERL_DEBUG=1
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 : > bench/results.jsonl.gpu
 cp bench/results.jsonl bench/results.jsonl.before 2>/dev/null || : > bench/results.jsonl.before
-limit() { if [ "${STAGE_LIMIT:-0}" -gt 0 ]; then timeout -s INT "$STAGE_LIMIT" "$@"; else "$@"; fi; }
+rm -f /tmp/stage_rc  # the bench's exit status (limit() heads a pipeline, and some stages copy files after it)
+limit() { if [ "${STAGE_LIMIT:-0}" -gt 0 ]; then timeout -s INT "$STAGE_LIMIT" "$@"; else "$@"; fi; echo $? > /tmp/stage_rc; }
 case "${1:-}" in
   tests)   limit python3 -m pytest -q -rs -s -x -p no:cacheprovider tests/test_vllm.py ${2:+-k "$2"} 2>&1 | tee "$OUT/tests.log" ;;
   sync)    limit python3 bench/weight_sync.py --sizes "${2:-0.5b,1.5b,7b}" 2>&1 | tee "$OUT/sync.log" | grep -vE "^(INFO|WARNING|\(|\[)" ;;
@@ -63,7 +64,7 @@ case "${1:-}" in
            cp /tmp/lite-verl-gsm8k/*.json /tmp/lite-verl-gsm8k/*.log "$OUT/" 2>/dev/null ;;
   *) sed -n '2,/^set -uo/{/^set/!p}' "$0"; exit 2 ;;
 esac
-rc=${PIPESTATUS[0]}
+rc=$(cat /tmp/stage_rc 2>/dev/null || echo 1)
 diff <(cat bench/results.jsonl.before) bench/results.jsonl | sed -n 's/^> //p' >> "$OUT/results_new.jsonl"
 cp bench/runs/*_curve_*.jsonl "$OUT/" 2>/dev/null  # learning curves (vs_trl, gsm8k): into bench/runs/ here
 exit $rc
