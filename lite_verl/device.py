@@ -77,6 +77,7 @@ def exact_pinned_memory() -> bool:
     if setter is None or getter is None or stats is None or not torch.cuda.is_available():
         return False
     try:
+        torch.cuda.init()  # host_memory_stats reads {} until CUDA is initialised
         current = getter()
         if "pinned_max_round_threshold_mb" not in current:
             setter(",".join(filter(None, [current, "pinned_max_round_threshold_mb:1"])))
