@@ -14,9 +14,10 @@ batch 32, 8 accumulation steps = one optimizer step per generation batch).
 Throughput = (generated tokens + tokens through the update's forward/backward) / wall seconds of the
 training loop (model loading excluded). Also: the echo reward of the last 10% of steps, and on a GPU the
 peak memory used on the device (nvidia-smi, both lite-verl processes together). Each run's reward per
-step and wall time of both trainers (the last run of each) go to bench/runs/vs_trl_curve_*.jsonl, shown in
+step and wall time of both trainers (means over the runs) go to bench/runs/vs_trl_curve_*.jsonl, shown in
 RESULTS.md. --repeats N (3 by default on a CPU, whose timings scatter by tens of percent from run to run)
-alternates the two sides N times and reports medians and the spread of the pairs' ratios.
+alternates the two sides N times, run i with seed i on both, and reports medians and the spread of the
+pairs' ratios.
 """
 
 from __future__ import annotations
@@ -47,7 +48,9 @@ class Shared:
 
 
 CPU, GPU = Shared(), Shared(prompts=32, new_tokens=256, lr=1e-5, micro=32)
-CURVE: dict[str, list[tuple[int, float, float]]] = {}  # trainer -> (step, wall seconds so far, reward)
+CURVES: dict[
+    str, list[list[tuple[int, float, float]]]
+] = {}  # trainer -> per run: (step, wall s so far, reward)
 
 
 class PeakGpuMemory:
@@ -69,9 +72,9 @@ class PeakGpuMemory:
 
 
 def lite_verl(
-    model: str, steps: int, s: Shared, gpu: bool, sync: str = "adapter", sleep_level: int = 1
+    model: str, steps: int, s: Shared, gpu: bool, sync: str = "adapter", sleep_level: int = 1, seed: int = 0
 ) -> dict[str, float]:
-    sets = [f"model.path={model}", f"trainer.total_steps={steps}", f"trainer.batch_size={s.prompts}", f"rollout.n={s.n}",
+    sets = [f"model.path={model}", f"trainer.total_steps={steps}", f"trainer.seed={seed}", f"trainer.batch_size={s.prompts}", f"rollout.n={s.n}",
             f"rollout.max_new_tokens={s.new_tokens}", f"train.lr={s.lr}", f"train.lora_rank={s.rank}", "train.lora_alpha=32",
             "algorithm.use_kl_loss=false", "data.val_size=0", "trainer.progress=false", "data.task=echo"]  # fmt: skip
     if gpu:
@@ -98,11 +101,13 @@ def lite_verl(
     if gpu:
         out["peak_gpu_memory_gib"] = mem.peak_gib
     clock = itertools.accumulate(r["timing/step_s"] for r in train)
-    CURVE["lite-verl"] = [(int(r["step"]), t, r["reward/mean"]) for r, t in zip(train, clock)]
+    CURVES.setdefault("lite-verl", []).append(
+        [(int(r["step"]), t, r["reward/mean"]) for r, t in zip(train, clock)]
+    )
     return out
 
 
-def trl(model: str, steps: int, s: Shared, gpu: bool) -> dict[str, float]:
+def trl(model: str, steps: int, s: Shared, gpu: bool, seed: int = 0) -> dict[str, float]:
     import torch
     from datasets import Dataset
     from peft import LoraConfig
@@ -115,7 +120,7 @@ def trl(model: str, steps: int, s: Shared, gpu: bool) -> dict[str, float]:
     from lite_verl.rewards import echo_score
 
     path = resolve_model_path(ModelConfig(path=model))
-    rows = task_rows("echo", s.prompts * steps, 0, "train")
+    rows = task_rows("echo", s.prompts * steps, seed, "train")
     data = Dataset.from_list(
         [{"prompt": [dict(m) for m in r.messages], "ground_truth": r.ground_truth} for r in rows]
     )
@@ -147,7 +152,7 @@ def trl(model: str, steps: int, s: Shared, gpu: bool) -> dict[str, float]:
     args = GRPOConfig(
         output_dir="/tmp/trl-grpo", num_generations=s.n, max_completion_length=s.new_tokens, temperature=1.0,
         learning_rate=s.lr, lr_scheduler_type="constant", warmup_steps=0, max_steps=steps, beta=0.0, logging_steps=1,
-        report_to=[], save_strategy="no", seed=0, disable_dropout=True,
+        report_to=[], save_strategy="no", seed=seed, disable_dropout=True,
         **{k: v for k, v in where.items() if k in GRPOConfig.__dataclass_fields__},
     )  # fmt: skip
     tok = AutoTokenizer.from_pretrained(path)
@@ -175,8 +180,19 @@ def trl(model: str, steps: int, s: Shared, gpu: bool) -> dict[str, float]:
            "reward_last_10pct": statistics.mean(rewards[-k:]), "wall_s": wall}  # fmt: skip
     if gpu:
         out["peak_gpu_memory_gib"] = mem.peak_gib
-    CURVE["TRL"] = [(i + 1, x["_wall_s"], r) for i, (x, r) in enumerate(zip(steps_logged, rewards))]
+    CURVES.setdefault("TRL", []).append(
+        [(i + 1, x["_wall_s"], r) for i, (x, r) in enumerate(zip(steps_logged, rewards))]
+    )
     return out
+
+
+def mean_curve(runs: list[list[tuple[int, float, float]]]) -> list[tuple[int, float, float]]:
+    """Step by step, the mean wall time and reward over runs (steps all runs reached)."""
+    n = min(len(r) for r in runs)
+    return [
+        (runs[0][i][0], statistics.mean(r[i][1] for r in runs), statistics.mean(r[i][2] for r in runs))
+        for i in range(n)
+    ]
 
 
 def main() -> None:
@@ -234,10 +250,10 @@ def main() -> None:
     runs: dict[str, list[dict[str, float]]] = {"lite_verl": [], "trl": []}
     for i in range(args.repeats):
         for who in ("lite_verl", "trl") if i % 2 == 0 else ("trl", "lite_verl"):
-            if who == "lite_verl":
-                runs[who].append(lite_verl(model, args.steps, s, args.gpu, args.sync, args.sleep_level))
+            if who == "lite_verl":  # run i uses seed i on both sides (data order, sampling)
+                runs[who].append(lite_verl(model, args.steps, s, args.gpu, args.sync, args.sleep_level, i))
             else:
-                runs[who].append(trl(model, args.steps, s, args.gpu))
+                runs[who].append(trl(model, args.steps, s, args.gpu, i))
             if args.repeats == 1:
                 record(who, runs[who][0])  # at once: a run cut short keeps the side that finished
     if args.repeats > 1:
@@ -253,7 +269,13 @@ def main() -> None:
         append("vs_trl", args.model, settings, "pair_ratio_min", min(pairs), "ratio", cmd)
         append("vs_trl", args.model, settings, "pair_ratio_max", max(pairs), "ratio", cmd)
     tag = f"gpu_{args.size}_{args.sync}" if args.gpu else "cpu_tiny"
-    write_curve("vs_trl", tag, f"{args.model}, echo task, reward per step (`{cmd}`)", CURVE)
+    mean = {who: mean_curve(c) for who, c in CURVES.items()}
+    write_curve(
+        "vs_trl",
+        tag,
+        f"{args.model}, echo task, reward per step, mean of {args.repeats} seed(s) (`{cmd}`)",
+        mean,
+    )
     print(f"ratio {ours['tokens_per_s'] / theirs['tokens_per_s']:.2f}", flush=True)
     REPORT.write_text(render())
 
