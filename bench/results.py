@@ -140,13 +140,13 @@ NOTES = {  # what a reader must know about a table that its rows do not say
     " not the cause. bench/profile_update.py isolates the update for the next GPU session. Both H200 runs so"
     " far also differ in micro-batch: lite-verl ran the 4090x1 preset's 8 sequences per forward, TRL 32;"
     " later runs set 32 on both."
-    " 91c2fa1, CPU, `--repeats 3` (sides alternate, medians): 1.45x, pairs 1.43-1.48x. A single pair minutes"
-    " earlier gave 0.93x (not recorded; the run was not from a clean commit): single CPU pairs scatter,"
-    " hence the repeats. The learning curves below (the last run of each side, one seed each): TRL climbs"
-    " faster per step (0.92 at step 28, lite-verl 0.33; lite-verl reaches 0.86 at step 39); per wall second"
-    " they are close (TRL 0.92 at 8.5 s, lite-verl 0.91 at 8.4 s). TRL 1.16's defaults here: loss_type"
-    " dapo, scale_rewards group, epsilon 0.2, grad clip 1.0 -- the same normalisation family as lite-verl's"
-    " GRPO, so seed and data order are the likelier cause; not yet checked over several seeds.",
+    " 91c2fa1, CPU, `--repeats 3` (sides alternate, medians; all three runs seed 0): 1.45x, pairs"
+    " 1.43-1.48x. A single pair minutes earlier gave 0.93x (not recorded; the tree was not a clean commit):"
+    " single CPU pairs scatter, hence the repeats. In that run TRL climbed faster per step (0.92 at step 28"
+    " against lite-verl's 0.33). bc64b2f: run i uses seed i on both sides (data order, sampling): 1.68x, pairs"
+    " 1.56-1.79x; the curves below are the means over the 3 seeds and show no per-step gap (reward 0.84 vs"
+    " 0.79 at step 39, 0.997 vs 0.979 at step 60), so the earlier one was seed 0's luck; per wall second"
+    " lite-verl gets there first (0.90 at 8.1 s; TRL 0.88 at 13.7 s).",
 }
 FIELDS = ("bench", "date", "commit", "hardware", "model", "settings", "metric", "value", "unit", "command")
 
