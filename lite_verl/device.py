@@ -6,7 +6,9 @@ means CPU. Rollout workers in their own processes get CUDA_VISIBLE_DEVICES set f
 
 from __future__ import annotations
 
+import functools
 import os
+import sys
 
 import torch
 
@@ -89,6 +91,24 @@ def exact_pinned_memory() -> bool:
     except RuntimeError:
         return False
     return size <= grown < 2 * 2**22
+
+
+# what FSDP2's and DeepSpeed's offload do where pinning would round up
+OFFLOAD_PAGEABLE = "the offloaded training state stays in pageable memory (slower copies)"
+
+
+@functools.cache
+def pin_host_memory(otherwise: str) -> bool:
+    """Whether pinned host memory (faster copies to a GPU) takes only what its tensors need
+    (exact_pinned_memory); where it would not, one line says so and what happens `otherwise`. Decided,
+    and said, once per process and caller."""
+    if not torch.cuda.is_available():
+        return False  # no pinning without a GPU
+    if exact_pinned_memory():
+        return True
+    print(f"lite-verl: this torch rounds pinned host memory up to powers of two (up to 2x): {otherwise}; "
+          "a torch with pinned_max_round_threshold_mb (2.13) avoids it", file=sys.stderr)  # fmt: skip
+    return False
 
 
 def synchronize(device: torch.device) -> None:

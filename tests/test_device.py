@@ -32,15 +32,21 @@ def test_offloaded_state_is_pinned_only_where_pinning_is_exact(capsys):
     import pytest
     from conftest import has_cuda
 
-    from lite_verl.device import exact_pinned_memory
-    from lite_verl.train.fsdp import pin_offload
+    from lite_verl.device import OFFLOAD_PAGEABLE, exact_pinned_memory, pin_host_memory
 
-    pin_offload.cache_clear()
+    pin_host_memory.cache_clear()
     if not has_cuda():
-        assert not exact_pinned_memory() and not pin_offload("cuda") and not capsys.readouterr().err
+        assert (
+            not exact_pinned_memory()
+            and not pin_host_memory(OFFLOAD_PAGEABLE)
+            and not capsys.readouterr().err
+        )
         return
     exact = exact_pinned_memory()
-    assert pin_offload("cuda") == exact and ("rounds pinned host memory" in capsys.readouterr().err) != exact
+    assert (
+        pin_host_memory(OFFLOAD_PAGEABLE) == exact
+        and ("rounds pinned host memory" in capsys.readouterr().err) != exact
+    )
     if not exact:
         pytest.skip(f"torch {torch.__version__} rounds pinned allocations up to powers of two")
     before = torch.cuda.host_memory_stats()["active_bytes.current"]

@@ -11,7 +11,6 @@ reach the model runner directly through a worker extension.
 
 from __future__ import annotations
 
-import sys
 import traceback
 from dataclasses import dataclass
 from typing import Any
@@ -102,15 +101,13 @@ def _make_llm(o: WorkerOptions):
     if o.max_lora_rank == 0:
         kwargs = {k: v for k, v in kwargs.items() if k not in ("max_lora_rank", "max_loras")}
     llm = LLM(**kwargs)
-    if o.sleep_mode and torch.cuda.is_available():
-        from lite_verl.device import exact_pinned_memory
+    if o.sleep_mode:  # asleep (level 1), vLLM parks each weight tensor in pinned host memory
+        from lite_verl.device import pin_host_memory
 
-        if not exact_pinned_memory():  # asleep (level 1), vLLM parks each weight tensor in pinned memory
-            print(
-                "lite-verl: this torch rounds pinned host memory up to powers of two: asleep, vLLM's weights "
-                "may take up to 2x their size in host memory (rollout.sleep_level=2 with merged sync keeps none)",
-                file=sys.stderr,
-            )
+        pin_host_memory(
+            "asleep, vLLM's weights may take up to 2x their size in host memory "
+            "(rollout.sleep_level=2 with merged sync keeps none)"
+        )
     return llm
 
 

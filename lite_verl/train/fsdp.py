@@ -9,15 +9,14 @@ AdamW state stay in host memory and the optimizer steps there.
 
 from __future__ import annotations
 
-import functools
 import math
-import sys
 from contextlib import contextmanager
 from pathlib import Path
 
 import torch
 
 from lite_verl.config import Config
+from lite_verl.device import OFFLOAD_PAGEABLE, pin_host_memory
 from lite_verl.train.full import (
     check_full_checkpoint,
     decoder_layers,
@@ -33,30 +32,11 @@ def shard_fsdp(model: torch.nn.Module, mesh, param_dtype: torch.dtype | None, of
     from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
 
     mp = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32 if param_dtype else None)
-    policy = CPUOffloadPolicy(pin_memory=pin_offload(mesh.device_type)) if offload else OffloadPolicy()
+    pin = offload and mesh.device_type == "cuda" and pin_host_memory(OFFLOAD_PAGEABLE)
+    policy = CPUOffloadPolicy(pin_memory=pin) if offload else OffloadPolicy()
     for layer in decoder_layers(model):
         fully_shard(layer, mesh=mesh, mp_policy=mp, offload_policy=policy)
     fully_shard(model, mesh=mesh, mp_policy=mp, offload_policy=policy)
-
-
-@functools.cache
-def pin_offload(device_type: str) -> bool:
-    """Pin offloaded host memory (faster copies to the GPU) where pinning takes no more than the tensors
-    need (device.exact_pinned_memory); otherwise pageable memory, slower but the size the plan counts. Decided
-    (and said) once per process: the policy and the reference model share it."""
-    from lite_verl.device import exact_pinned_memory
-
-    if device_type != "cuda" or not torch.cuda.is_available():
-        return False  # no pinning without a GPU
-    if exact_pinned_memory():
-        return True
-    print(
-        "lite-verl: this torch rounds pinned host memory up to powers of two (up to 2x the offloaded "
-        "state); offloading to pageable memory instead (slower copies); a torch with "
-        "pinned_max_round_threshold_mb (2.13) avoids it",
-        file=sys.stderr,
-    )
-    return False
 
 
 def _full_tensor(p: torch.Tensor) -> torch.Tensor:

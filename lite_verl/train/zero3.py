@@ -21,8 +21,8 @@ from typing import Any
 import torch
 
 from lite_verl.config import Config
+from lite_verl.device import OFFLOAD_PAGEABLE, pin_host_memory
 from lite_verl.errors import ConfigError, MissingDependency
-from lite_verl.train.fsdp import pin_offload
 
 TAG = "state"  # DeepSpeed's checkpoint tag inside RUN/checkpoints/step_N/deepspeed/
 
@@ -46,7 +46,8 @@ def require_deepspeed(on_gpu: bool):
 def deepspeed_config(cfg: Config, optimizer: bool = True) -> dict[str, Any]:
     """The DeepSpeed config for lite-verl's settings. optimizer=False: a frozen model (the reference)."""
     t = cfg.train
-    pin = bool(t.gpus) and (t.offload_params or t.offload_optimizer) and pin_offload("cuda")
+    offload = t.offload_params or t.offload_optimizer
+    pin = bool(t.gpus) and offload and pin_host_memory(OFFLOAD_PAGEABLE)
     zero: dict[str, Any] = {"stage": 3}
     if t.offload_params:
         zero["offload_param"] = {"device": "cpu", "pin_memory": pin}
