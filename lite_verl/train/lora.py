@@ -251,9 +251,9 @@ class LoraBackend:
 
     @torch.no_grad()
     def unadapted_tensors(self, sent: set[str]):
-        """Yield (HF parameter name, fp32 tensor) for every base weight merged_linears did not
-        send (`sent`: the linear layers' names it did): embeddings, norms, the head, linear layers of
-        modules without an adapter. A shared (tied) tensor once, under its first name."""
+        """Yield (HF parameter name, tensor) for every base weight merged_linears did not send (`sent`:
+        the linear layers' names it did): embeddings, norms, the head, linear layers of modules without an
+        adapter, in their own dtype (4-bit layers dequantized). A shared (tied) tensor once."""
         from peft.tuners.lora import LoraLayer
 
         seen: set[int] = set()
@@ -269,12 +269,12 @@ class LoraBackend:
                 seen.add(id(linear.weight))
                 yield f"{name}.weight", dense_weight(linear)
                 if linear.bias is not None:
-                    yield f"{name}.bias", linear.bias.float()
+                    yield f"{name}.bias", linear.bias.detach()
                 continue
             for n, p in linear.named_parameters(recurse=False):
                 if id(p) not in seen:
                     seen.add(id(p))
-                    yield (f"{name}.{n}" if name else n), p.float()
+                    yield (f"{name}.{n}" if name else n), p.detach()
 
     def merged_weight_buckets(self, bucket_bytes: int, dtype: str, convert=None, everything: bool = False):
         """Lists of (parameter name, tensor) of about bucket_bytes each (whole groups of merged_linears,
@@ -290,23 +290,23 @@ class LoraBackend:
                 out[name + ".bias"] = bias.to(torch_dtype(dtype))
             return out
 
+        sent: set[str] = set()
+
+        def parts():  # {name: tensor} units never split across buckets: a fused group, or one tensor
+            for group in self.merged_linears():
+                sent.update(name for name, _, _ in group)
+                yield {n: t for name, w, b in group for n, t in (convert or plain)(name, w, b).items()}
+            for n, t in self.unadapted_tensors(sent) if everything else ():
+                yield {n: t.to(torch_dtype(dtype))}
+
         bucket: list[tuple[str, torch.Tensor]] = []
-        size, sent = 0, set()
-        for group in self.merged_linears():
-            for name, weight, bias in group:
-                sent.add(name)
-                for n, t in (convert or plain)(name, weight, bias).items():
-                    bucket.append((n, t))
-                    size += t.numel() * t.element_size()
+        size = 0
+        for part in parts():
+            bucket += part.items()
+            size += sum(t.numel() * t.element_size() for t in part.values())
             if size >= bucket_bytes:
                 yield bucket
                 bucket, size = [], 0
-        for n, t in self.unadapted_tensors(sent) if everything else ():
-            if size >= bucket_bytes:
-                yield bucket
-                bucket, size = [], 0
-            bucket.append((n, t.to(torch_dtype(dtype))))
-            size += t.numel() * t.element_size()
         if bucket:
             yield bucket
 
