@@ -14,7 +14,6 @@ signal). Evaluation: greedy, <= 256 new tokens, the whole test set (1,319), accu
 from __future__ import annotations
 
 import argparse
-import itertools
 import json
 import subprocess
 import sys
@@ -23,7 +22,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from results import REPORT, append, render, write_curve  # noqa: E402
-from train_run import single_process_group_env, train_run  # noqa: E402
+from train_run import reward_curve, single_process_group_env, train_run  # noqa: E402
 
 PROMPTS, N, NEW_TOKENS, LR, RANK = 32, 8, 256, 2e-5, 16
 MICRO = 32  # sequences per forward/backward, both trainers
@@ -175,8 +174,7 @@ def main() -> None:
         append("gsm8k", model.name, settings, metric, value, unit, cmd)
     print(f"lite-verl after {args.steps} steps: {after:.4f} ({ours['wall_s']:.0f} s)", flush=True)
     (args.out / "lite_verl_rewards.json").write_text(json.dumps([r["reward/mean"] for r in rows]))
-    clock = itertools.accumulate(r["timing/step_s"] for r in rows)
-    curves = {"lite-verl": [(int(r["step"]), t, r["reward/mean"]) for r, t in zip(rows, clock)]}
+    curves = {"lite-verl": reward_curve(rows)}
     about = f"{model.name} on GSM8K, reward per step (`{cmd}`)"
     write_curve("gsm8k", "h200", about, curves)  # now, and again with TRL's: a cut run keeps lite-verl's
     if not args.no_trl:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import shutil
 import statistics
@@ -42,6 +43,12 @@ def train_run(
     train = [r for r in rows if "reward/mean" in r]
     val = [r for r in rows if "val/reward_mean" in r]
     return train, val, json.loads((run_dir / "summary.json").read_text()), wall
+
+
+def reward_curve(rows: list[dict]) -> list[tuple[int, float, float]]:
+    """(step, wall seconds so far, mean reward) of a run's per-step rows (results.write_curve)."""
+    clock = itertools.accumulate(r["timing/step_s"] for r in rows)
+    return [(int(r["step"]), t, r["reward/mean"]) for r, t in zip(rows, clock)]
 
 
 def learning_figures(train: list[dict], val: list[dict], summary: dict[str, Any]) -> dict[str, float]:

@@ -23,7 +23,6 @@ pairs' ratios.
 from __future__ import annotations
 
 import argparse
-import itertools
 import statistics
 import sys
 import time
@@ -32,7 +31,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from results import REPORT, append, render, write_curve  # noqa: E402
-from train_run import single_process_group_env, train_run  # noqa: E402
+from train_run import reward_curve, single_process_group_env, train_run  # noqa: E402
 
 
 @dataclass(frozen=True)
@@ -100,10 +99,7 @@ def lite_verl(
         out[f"{phase}_s"] = statistics.median(r.get(f"timing/{phase}_s", 0.0) for r in train)
     if gpu:
         out["peak_gpu_memory_gib"] = mem.peak_gib
-    clock = itertools.accumulate(r["timing/step_s"] for r in train)
-    CURVES.setdefault("lite-verl", []).append(
-        [(int(r["step"]), t, r["reward/mean"]) for r, t in zip(train, clock)]
-    )
+    CURVES.setdefault("lite-verl", []).append(reward_curve(train))
     return out
 
 
@@ -195,6 +191,43 @@ def mean_curve(runs: list[list[tuple[int, float, float]]]) -> list[tuple[int, fl
     ]
 
 
+def describe(args: argparse.Namespace, s: Shared) -> tuple[str, str, str]:
+    """(model label, settings, command) of the rows."""
+    import trl as trl_pkg
+
+    if args.gpu:
+        cmd = f"python bench/vs_trl.py --gpu --steps {args.steps} --size {args.size} --sync {args.sync} --sleep-level {args.sleep_level}"
+        settings = (f"GPU, vLLM colocated in both (lite-verl: 4090x1 layout, no AWQ, sleep level {args.sleep_level} + {args.sync} sync; TRL: colocate "
+                    f"defaults), echo task, {s.prompts} prompts x {s.n}, <= {s.new_tokens} new tokens, LoRA r={s.rank}, lr {s.lr}, "
+                    f"bf16, grad checkpointing, micro-batch {s.micro} on both, no KL, {args.steps} steps; TRL {trl_pkg.__version__}")  # fmt: skip
+        label = f"Qwen2.5-{args.size} shape (random, bf16)"
+    else:
+        cmd = f"python bench/vs_trl.py --steps {args.steps} --model {args.model} --repeats {args.repeats}"
+        settings = (f"CPU, HF generate in both, echo task, {s.prompts} prompts x {s.n}, <= {s.new_tokens} new tokens, LoRA r={s.rank}, "
+                    f"lr {s.lr}, no KL, {args.steps} steps; TRL {trl_pkg.__version__}")  # fmt: skip
+        label = args.model
+    if args.repeats > 1:
+        settings += f"; medians of {args.repeats} alternating runs per side"
+    return label, settings, cmd
+
+
+def alternate(model: str, args: argparse.Namespace, s: Shared, record) -> dict[str, list[dict[str, float]]]:
+    """Each side's runs, args.repeats of them, who goes first alternating; run i uses seed i on both sides
+    (data order, sampling). A single run per side is recorded at once: a run cut short keeps the side
+    that finished."""
+    runs: dict[str, list[dict[str, float]]] = {"lite_verl": [], "trl": []}
+    for i in range(args.repeats):
+        for who in ("lite_verl", "trl") if i % 2 == 0 else ("trl", "lite_verl"):
+            if who == "lite_verl":
+                r = lite_verl(model, args.steps, s, args.gpu, args.sync, args.sleep_level, i)
+            else:
+                r = trl(model, args.steps, s, args.gpu, i)
+            runs[who].append(r)
+            if args.repeats == 1:
+                record(who, r)
+    return runs
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--steps", type=int, default=20)
@@ -212,71 +245,36 @@ def main() -> None:
     )
     args = ap.parse_args()
     args.repeats = args.repeats or (1 if args.gpu else 3)
-    import trl as trl_pkg
-
+    s = GPU if args.gpu else CPU
     model = args.model
     if args.gpu:
         from gpu_models import make_model
 
         model = str(make_model(args.size, Path("/tmp/models")))
-    s = GPU if args.gpu else CPU
-    if args.gpu:
-        cmd = f"python bench/vs_trl.py --gpu --steps {args.steps} --size {args.size} --sync {args.sync} --sleep-level {args.sleep_level}"
-        settings = (f"GPU, vLLM colocated in both (lite-verl: 4090x1 layout, no AWQ, sleep level {args.sleep_level} + {args.sync} sync; TRL: colocate "
-                    f"defaults), echo task, {s.prompts} prompts x {s.n}, <= {s.new_tokens} new tokens, LoRA r={s.rank}, lr {s.lr}, "
-                    f"bf16, grad checkpointing, micro-batch {s.micro} on both, no KL, {args.steps} steps; TRL {trl_pkg.__version__}")  # fmt: skip
-        args.model = f"Qwen2.5-{args.size} shape (random, bf16)"
-    else:
-        cmd = f"python bench/vs_trl.py --steps {args.steps} --model {args.model} --repeats {args.repeats}"
-        settings = (f"CPU, HF generate in both, echo task, {s.prompts} prompts x {s.n}, <= {s.new_tokens} new tokens, LoRA r={s.rank}, "
-                    f"lr {s.lr}, no KL, {args.steps} steps; TRL {trl_pkg.__version__}")  # fmt: skip
+    label, settings, cmd = describe(args, s)
     units = {"tokens_per_s": "token/s", "peak_gpu_memory_gib": "GiB"}
 
-    def record(who: str, r: dict[str, float]) -> None:  # each side's rows as soon as it is done
+    def record(who: str, r: dict[str, float]) -> None:
         for metric, value in r.items():
-            append(
-                "vs_trl",
-                args.model,
-                settings,
-                f"{who}_{metric}",
-                value,
-                units.get(metric, "s" if metric.endswith("_s") else "reward"),
-                cmd,
-            )
+            unit = units.get(metric, "s" if metric.endswith("_s") else "reward")
+            append("vs_trl", label, settings, f"{who}_{metric}", value, unit, cmd)
         print(who, r, flush=True)
 
-    if args.repeats > 1:  # alternate who goes first; each side's figures are the medians of its runs
-        settings += f"; medians of {args.repeats} alternating runs per side"
-    runs: dict[str, list[dict[str, float]]] = {"lite_verl": [], "trl": []}
-    for i in range(args.repeats):
-        for who in ("lite_verl", "trl") if i % 2 == 0 else ("trl", "lite_verl"):
-            if who == "lite_verl":  # run i uses seed i on both sides (data order, sampling)
-                runs[who].append(lite_verl(model, args.steps, s, args.gpu, args.sync, args.sleep_level, i))
-            else:
-                runs[who].append(trl(model, args.steps, s, args.gpu, i))
-            if args.repeats == 1:
-                record(who, runs[who][0])  # at once: a run cut short keeps the side that finished
+    runs = alternate(model, args, s, record)
+    median = {w: {k: statistics.median(x[k] for x in r) for k in r[0]} for w, r in runs.items()}
     if args.repeats > 1:
-        for who, r in runs.items():
-            record(who, {k: statistics.median(x[k] for x in r) for k in r[0]})
-    ours, theirs = (
-        {k: statistics.median(x[k] for x in runs[w]) for k in runs[w][0]} for w in ("lite_verl", "trl")
-    )
-    append("vs_trl", args.model, settings, "lite_verl_over_trl_tokens_per_s", ours["tokens_per_s"] / theirs["tokens_per_s"],
-           "ratio", cmd)  # fmt: skip
+        for who, r in median.items():
+            record(who, r)
+    ratio = median["lite_verl"]["tokens_per_s"] / median["trl"]["tokens_per_s"]
+    append("vs_trl", label, settings, "lite_verl_over_trl_tokens_per_s", ratio, "ratio", cmd)
     if args.repeats > 1:  # how far single pairs scatter
         pairs = [a["tokens_per_s"] / b["tokens_per_s"] for a, b in zip(runs["lite_verl"], runs["trl"])]
-        append("vs_trl", args.model, settings, "pair_ratio_min", min(pairs), "ratio", cmd)
-        append("vs_trl", args.model, settings, "pair_ratio_max", max(pairs), "ratio", cmd)
+        append("vs_trl", label, settings, "pair_ratio_min", min(pairs), "ratio", cmd)
+        append("vs_trl", label, settings, "pair_ratio_max", max(pairs), "ratio", cmd)
     tag = f"gpu_{args.size}_{args.sync}" if args.gpu else "cpu_tiny"
-    mean = {who: mean_curve(c) for who, c in CURVES.items()}
-    write_curve(
-        "vs_trl",
-        tag,
-        f"{args.model}, echo task, reward per step, mean of {args.repeats} seed(s) (`{cmd}`)",
-        mean,
-    )
-    print(f"ratio {ours['tokens_per_s'] / theirs['tokens_per_s']:.2f}", flush=True)
+    about = f"{label}, echo task, reward per step, mean of {args.repeats} seed(s) (`{cmd}`)"
+    write_curve("vs_trl", tag, about, {who: mean_curve(c) for who, c in CURVES.items()})
+    print(f"ratio {ratio:.2f}", flush=True)
     REPORT.write_text(render())
 
 
