@@ -146,7 +146,9 @@ NOTES = {  # what a reader must know about a table that its rows do not say
     " against lite-verl's 0.33). bc64b2f: run i uses seed i on both sides (data order, sampling): 1.68x, pairs"
     " 1.56-1.79x; the curves below are the means over the 3 seeds and show no per-step gap (reward 0.84 vs"
     " 0.79 at step 39, 0.997 vs 0.979 at step 60), so the earlier one was seed 0's luck; per wall second"
-    " lite-verl gets there first (0.90 at 8.1 s; TRL 0.88 at 13.7 s).",
+    " lite-verl gets there first (0.90 at 8.1 s; TRL 0.88 at 13.7 s). 672cf61 (same code, the curve file"
+    " now tracked in bench/runs/): 1.53x, pairs 1.48-1.66x; the rewards repeat exactly (deterministic on"
+    " the CPU), the wall times within ~5%: the CPU ratio moves by ~10% between runs.",
 }
 FIELDS = ("bench", "date", "commit", "hardware", "model", "settings", "metric", "value", "unit", "command")
 
