@@ -100,6 +100,12 @@ def _make_llm(o: WorkerOptions):
     )
     if o.max_lora_rank == 0:
         kwargs = {k: v for k, v in kwargs.items() if k not in ("max_lora_rank", "max_loras")}
+    from vllm.platforms import current_platform
+
+    if current_platform.is_cpu():
+        # a prompt split over two scheduler steps rewinds its seeded sampler, which a CPU generator
+        # cannot do ("CPU Generator does not use offset"): schedule whole prompts only
+        kwargs.update(llm_kwargs(enable_chunked_prefill=False))
     llm = LLM(**kwargs)
     if o.sleep_mode:  # asleep (level 1), vLLM parks each weight tensor in pinned host memory
         from lite_verl.device import pin_host_memory
