@@ -129,3 +129,29 @@ def padding_bounds(attention_mask: torch.Tensor, response_length: int) -> tuple[
 def length_order(attention_mask: torch.Tensor) -> list[int]:
     """Row indices, longest first: micro-batches cut from this order hold rows of similar length."""
     return torch.argsort(attention_mask.sum(1), descending=True, stable=True).tolist()
+
+
+def micro_batch_rows(
+    attention_mask: torch.Tensor, response_length: int, rows: int, tokens: int
+) -> list[list[int]]:
+    """Row indices of each micro-batch, cut from the length order: `rows` rows each, or with tokens > 0
+    as many rows as fit in `tokens` tokens of the trimmed tensor they make (rows x (longest prompt +
+    longest response among them)), at least one. Short rows then share one forward instead of filling
+    several (verl's dynamic batch size): fewer kernel launches, the same memory bound."""
+    order = length_order(attention_mask)
+    if tokens <= 0:
+        return [order[s : s + rows] for s in range(0, len(order), rows)]
+    split = attention_mask.shape[1] - response_length
+    prompt = attention_mask[:, :split].sum(1).tolist()
+    response = attention_mask[:, split:].sum(1).clamp(min=1).tolist()
+    out: list[list[int]] = []
+    cut: list[int] = []
+    width_p = width_r = 0
+    for i in order:
+        p, r = max(width_p, prompt[i]), max(width_r, response[i])
+        if cut and (len(cut) + 1) * (p + r) > tokens:
+            out.append(cut)
+            cut, p, r = [], prompt[i], response[i]
+        cut.append(i)
+        width_p, width_r = p, r
+    return out + [cut] if cut else out

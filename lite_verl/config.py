@@ -80,6 +80,7 @@ class TrainConfig:
     weight_decay: float = 0.0  # AdamW weight decay
     grad_clip: float = 1.0  # max global grad norm; <= 0 disables clipping
     micro_batch_size: int = 8  # sequences per forward/backward; a memory knob, never changes the maths
+    pack_micro_batches: bool = True  # fill each forward/backward with shorter rows up to the tokens of micro_batch_size full-length ones (same memory bound, fewer launches)
     lora_rank: int = 16  # LoRA rank r
     lora_alpha: int = 32  # LoRA alpha (scale = alpha / r)
     lora_dropout: float = 0.0  # LoRA dropout
@@ -162,7 +163,7 @@ class TrainerConfig:
     batch_size: int = 16  # prompts per step, global: the same on every machine
     seed: int = 0  # seeds data order, built-in task, sampling and init
     save_every: int = 0  # checkpoint every N steps (0 = only at the end)
-    keep_checkpoints: int = 2  # keep the last N checkpoints
+    keep_checkpoints: int = 2  # keep the last N checkpoints (0 = write none: no resume, no export; benchmarks of models too big for the disk)
     val_every: int = 0  # validate every N steps (0 = never; the run still validates at the end if val_size>0)
     tensorboard: bool = True  # also write TensorBoard events next to metrics.jsonl
     progress: bool = True  # show a progress bar

@@ -65,7 +65,8 @@ def export_run(run_dir: str, out_dir: str, fmt: str = "hf") -> Path:
     ckpt = RunDir(Path(run_dir)).latest_checkpoint()
     if ckpt is None:
         raise UserError(
-            f"{run_dir} holds no complete checkpoint; train with trainer.save_every > 0 (or to the end)"
+            f"{run_dir} holds no complete checkpoint; train with trainer.save_every > 0 (or to the end) "
+            "and trainer.keep_checkpoints > 0"
         )
     path = resolve_model_path(cfg.model)
     tokenizer = load_tokenizer(path, cfg.model.trust_remote_code)

@@ -156,7 +156,7 @@ def train_parts(cfg: Config, shape: Shape) -> dict[str, float]:
     static = {"train weights": weights / GIB, "LoRA + grads + AdamW": lora * 16 / GIB}
     if t.backend in ("fsdp", "deepspeed"):
         static = full_parts(cfg, shape)
-    tokens = t.micro_batch_size * (cfg.data.max_prompt_length + r.max_new_tokens)
+    tokens = t.micro_batch_size * (cfg.data.max_prompt_length + r.max_new_tokens)  # packed or not
     act16 = 2 if b == 2 else 4  # activation bytes per element relative to 16-bit
     per_layer_full = 34 * tokens * shape.hidden * act16 / 2
     if t.gradient_checkpointing:

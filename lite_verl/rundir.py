@@ -32,6 +32,7 @@ import torch
 import yaml
 
 from lite_verl.config import Config, to_dict
+from lite_verl.errors import UserError
 
 
 def atomic_write_text(path: Path, text: str) -> None:
@@ -140,10 +141,19 @@ class RunDir:
     def save_checkpoint(self, step: int, backend, state: dict[str, Any], keep: int) -> Path:
         """Write into a temp dir, fsync, rename to step_N; then drop all but the last `keep`."""
         final = self.checkpoints / f"step_{step:08d}"
-        with atomic_directory(final) as tmp:
-            backend.save(tmp)
-            torch.save(rng_state(), tmp / "rng.pt")
-            atomic_write_text(tmp / "state.json", json.dumps({"step": step, **state}, indent=2))
+        try:
+            with atomic_directory(final) as tmp:
+                backend.save(tmp)
+                torch.save(rng_state(), tmp / "rng.pt")
+                atomic_write_text(tmp / "state.json", json.dumps({"step": step, **state}, indent=2))
+        except (OSError, RuntimeError) as e:  # a full disk: torch.save says "unexpected pos ..."
+            free = shutil.disk_usage(self.checkpoints).free / 2**30
+            reason = str(e).strip().splitlines()[-1][:200] if str(e).strip() else type(e).__name__
+            raise UserError(
+                f"the checkpoint of step {step} could not be written to {self.checkpoints} ({reason}); "
+                f"{free:.1f} GiB free there: free space or use --run-dir on a bigger disk "
+                "(trainer.keep_checkpoints=0 writes none: no resume, no export)"
+            ) from None
         done = sorted(p for p in self.checkpoints.glob("step_*") if p.is_dir())
         for old in done[:-keep]:
             shutil.rmtree(old, ignore_errors=True)

@@ -13,17 +13,29 @@ import math
 import sys
 from collections import defaultdict
 from collections.abc import Callable
-from typing import TypeVar
+from typing import NamedTuple, TypeVar
 
 import torch
 
 from lite_verl import algos
-from lite_verl.batch import Experience, RolloutBatch, UpdateBatch, length_order
-from lite_verl.config import AlgorithmConfig, Config, CriticConfig
+from lite_verl.batch import Experience, RolloutBatch, UpdateBatch, micro_batch_rows
+from lite_verl.config import AlgorithmConfig, Config, CriticConfig, TrainConfig
 from lite_verl.errors import UserError
 from lite_verl.train.dist import ONE_RANK, Ranks
 
 T = TypeVar("T")
+
+
+def full_length(cfg: Config) -> int:
+    """The longest sequence a run can train on: the prompt limit plus the response limit."""
+    return cfg.data.max_prompt_length + cfg.rollout.max_new_tokens
+
+
+class Split(NamedTuple):
+    """How a micro-batch is cut: `rows` rows, or with tokens > 0 up to that many tokens of rows."""
+
+    rows: int
+    tokens: int = 0
 
 
 class MicroBatchSize:
@@ -36,15 +48,25 @@ class MicroBatchSize:
     stopping mid-forward would leave the others waiting in a collective, so its OOM is an error.
     """
 
-    def __init__(self, size: int, lockstep: bool = False) -> None:
+    def __init__(self, size: int, lockstep: bool = False, full_length: int = 0) -> None:
         self.value = size
         self.lockstep = lockstep
+        self.full_length = full_length  # > 0: pack rows up to size x full_length tokens per micro-batch
 
-    def retry_on_oom(self, fn: Callable[[int], T], zero_grad: Callable[[], None]) -> T:
-        """Run fn(micro); on OOM clear the partial gradients, halve and run it again."""
+    @classmethod
+    def of(cls, train: TrainConfig, full_length: int, lockstep: bool = False) -> MicroBatchSize:
+        """train.micro_batch_size; with train.pack_micro_batches the token budget of that many rows of
+        `full_length` (the longest prompt plus the longest response a run allows)."""
+        return cls(train.micro_batch_size, lockstep, full_length if train.pack_micro_batches else 0)
+
+    def split(self) -> Split:
+        return Split(self.value, self.value * self.full_length)
+
+    def retry_on_oom(self, fn: Callable[[Split], T], zero_grad: Callable[[], None]) -> T:
+        """Run fn(split); on OOM clear the partial gradients, halve and run it again."""
         while True:
             try:
-                return fn(self.value)
+                return fn(self.split())
             except torch.OutOfMemoryError:
                 zero_grad()
                 if torch.cuda.is_available():
@@ -111,7 +133,7 @@ def make_kl_controller(cfg: AlgorithmConfig) -> algos.FixedKLController | algos.
 
 
 def batched_log_probs(
-    backend, rollout: RolloutBatch, micro: int, temperature: float, reference: bool
+    backend, rollout: RolloutBatch, micro: Split | int, temperature: float, reference: bool
 ) -> torch.Tensor:
     """Log-probs [N, R] of the rollout's responses, no grad, in micro-batches of similar lengths with
     their common padding cut off."""
@@ -123,18 +145,17 @@ def batched_log_probs(
         )
 
 
-def batched_values(backend, rollout: RolloutBatch, micro: int) -> torch.Tensor:
+def batched_values(backend, rollout: RolloutBatch, micro: Split | int) -> torch.Tensor:
     with torch.no_grad(), backend.critic_mode():
         return _each_trimmed(rollout, micro, backend.values)
 
 
-def _each_trimmed(rollout: RolloutBatch, micro: int, fn: Callable[..., torch.Tensor]) -> torch.Tensor:
+def _each_trimmed(rollout: RolloutBatch, micro: Split | int, fn: Callable[..., torch.Tensor]) -> torch.Tensor:
     """fn(ids, mask, response_length) -> [n, r] over micro-batches cut from the rows in length order,
     each without its all-padding columns; the results in row order, padded back to [N, R]."""
-    order = length_order(rollout.attention_mask)
+    rows_, tokens = (micro, 0) if isinstance(micro, int) else micro
     out = torch.zeros(rollout.response_mask.shape, dtype=torch.float32)
-    for s in range(0, len(order), micro):
-        rows = order[s : s + micro]
+    for rows in micro_batch_rows(rollout.attention_mask, rollout.response_ids.shape[1], rows_, tokens):
         m = rollout.take(rows).trimmed()
         r = m.response_ids.shape[1]
         out[rows, :r] = fn(m.input_ids, m.attention_mask, r).float().cpu()
@@ -213,12 +234,14 @@ def _mini_batches(num_rows: int, rows_per_mini: int) -> list[list[int]]:
     return [list(range(s, min(s + rows_per_mini, num_rows))) for s in range(0, num_rows, rows_per_mini)]
 
 
-def _micro_batches(mb: Experience, micro: int) -> list[Experience]:
+def _micro_batches(mb: Experience, micro: Split | int) -> list[Experience]:
     """Micro-batches of rows of similar length (longest first), each without its all-padding columns.
     Losses are normalised by the whole mini-batch's counts, so how rows are grouped changes memory and
     speed, not the gradient."""
-    order = length_order(mb.attention_mask)
-    return [mb.take(order[s : s + micro]).trimmed() for s in range(0, mb.num_rows, micro)]
+    rows, tokens = (micro, 0) if isinstance(micro, int) else micro
+    return [
+        mb.take(r).trimmed() for r in micro_batch_rows(mb.attention_mask, mb.response_length, rows, tokens)
+    ]
 
 
 def run_update(
@@ -281,7 +304,7 @@ def _each_mini_batch(
     micro: MicroBatchSize,
     zero_grad: Callable[[], None],
     ranks: Ranks,
-    grads: Callable[[Experience, int, Norm], dict[str, float]],
+    grads: Callable[[Experience, Split, Norm], dict[str, float]],
     step: Callable[[dict[str, float]], dict[str, float]],
 ) -> dict[str, float]:
     """Over epochs x mini-batches: `grads(this rank's rows, micro_batch_size, norm)` accumulates the
@@ -310,7 +333,7 @@ def _each_mini_batch(
 
 
 def _actor_grads(
-    backend, mb: Experience, cfg: AlgorithmConfig, micro: int, temperature: float, norm: Norm
+    backend, mb: Experience, cfg: AlgorithmConfig, micro: Split, temperature: float, norm: Norm
 ) -> dict[str, float]:
     """Forward/backward over mb's micro-batches; metric sums weighted to add up over micro-batches
     and ranks to the whole mini-batch's values."""
@@ -373,7 +396,7 @@ def critic_update(
 
 
 def _critic_grads(
-    backend, mb: Experience, cfg: AlgorithmConfig, critic: CriticConfig, micro: int, norm: Norm
+    backend, mb: Experience, cfg: AlgorithmConfig, critic: CriticConfig, micro: Split, norm: Norm
 ) -> dict[str, float]:
     out: dict[str, float] = defaultdict(float)
     dev = backend.device

@@ -225,7 +225,7 @@ def _check_reward_trainer(cfg: Config) -> None:
     _positive("trainer.batch_size", tr.batch_size)
     _positive("trainer.seed", tr.seed, allow_zero=True)
     _positive("trainer.save_every", tr.save_every, allow_zero=True)
-    _positive("trainer.keep_checkpoints", tr.keep_checkpoints)
+    _positive("trainer.keep_checkpoints", tr.keep_checkpoints, allow_zero=True)
     _positive("trainer.val_every", tr.val_every, allow_zero=True)
 
 

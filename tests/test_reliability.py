@@ -86,3 +86,47 @@ def test_kill_9_then_resume_equals_an_uninterrupted_run(tmp_path):
     assert val_a[-1] == val_b[-1]
     assert not list((tmp_path / "killed" / "checkpoints").glob(".step_*"))  # no half-written checkpoint left
     assert len(list((tmp_path / "killed" / "checkpoints").glob("step_*"))) == 2  # keep_checkpoints
+
+
+def test_a_checkpoint_the_disk_cannot_hold_is_one_clear_error_and_keeps_the_last_one(tmp_path):
+    """A full disk mid-save (torch.save's "unexpected pos"): one line naming the step, the directory, the
+    free space and the ways out; no temp directory left; the previous checkpoint is still complete."""
+    import torch
+
+    from lite_verl.config import load_config
+    from lite_verl.errors import UserError
+    from lite_verl.rundir import RunDir
+
+    class Backend:  # what a backend's save does when the disk fills: part of a file, then an error
+        fail = False
+
+        def save(self, directory: Path) -> None:
+            torch.save({"w": torch.zeros(4)}, directory / "model.pt")
+            if self.fail:
+                raise RuntimeError(
+                    "[enforce fail at inline_container.cc:672] . unexpected pos 20415564352 vs 2041"
+                )
+
+    run = RunDir(tmp_path / "run")
+    run.create(load_config("laptop", None, []))
+    backend = Backend()
+    run.save_checkpoint(1, backend, {"consumed": 4}, keep=2)
+    backend.fail = True
+    with pytest.raises(UserError) as err:
+        run.save_checkpoint(2, backend, {"consumed": 8}, keep=2)
+    message = str(err.value)
+    assert "\n" not in message
+    assert "checkpoint of step 2 could not be written" in message and "unexpected pos" in message
+    assert "GiB free there" in message and "trainer.keep_checkpoints=0" in message
+    assert sorted(p.name for p in run.checkpoints.iterdir()) == ["step_00000001"]
+    assert run.latest_checkpoint() == run.checkpoints / "step_00000001"
+
+
+def test_keep_checkpoints_0_writes_none(tmp_path):
+    out = cli("train", "--preset", "laptop", "--run-dir", "run", "--set", "trainer.total_steps=2",
+              "--set", "trainer.keep_checkpoints=0", *COMMON, cwd=tmp_path)  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    assert len(metrics(tmp_path / "run")) >= 2
+    assert not list((tmp_path / "run").glob("checkpoints/*"))
+    out = cli("export", "run", "merged", cwd=tmp_path)
+    assert out.returncode != 0 and "keep_checkpoints > 0" in out.stderr

@@ -57,14 +57,15 @@ def test_nan_loss_skips_the_step_then_stops_the_run(tmp_path):
     assert any(not torch.equal(a, b) for a, b in zip(after, before))
 
 
-def _steps(micro: int, oom_above: int | None) -> list[dict]:
-    cfg = load_config("laptop", None, [*SMALL, f"train.micro_batch_size={micro}"])
+def _steps(micro: int, oom_above: int | None, *extra: str, tokens: bool = False) -> list[dict]:
+    """Two steps; a forward of more than `oom_above` rows (tokens=True: rows x columns) runs out of memory."""
+    cfg = load_config("laptop", None, [*SMALL, f"train.micro_batch_size={micro}", *extra])
     session = prepare(cfg)
     if oom_above is not None:
         real = session.backend.forward
 
         def forward(input_ids, *args, **kwargs):
-            if input_ids.shape[0] > oom_above:
+            if (input_ids.numel() if tokens else input_ids.shape[0]) > oom_above:
                 raise torch.OutOfMemoryError("CUDA out of memory (simulated)")
             return real(input_ids, *args, **kwargs)
 
@@ -75,9 +76,24 @@ def _steps(micro: int, oom_above: int | None) -> list[dict]:
 
 
 def test_out_of_memory_halves_the_micro_batch_and_keeps_the_maths(capsys):
-    reference = _steps(4, None)
-    halved = _steps(16, oom_above=4)
+    rows = "train.pack_micro_batches=false"  # exactly micro_batch_size rows per forward
+    reference = _steps(4, None, rows)
+    halved = _steps(16, 4, rows)
     assert "train.micro_batch_size halved to 8" in capsys.readouterr().err
+    assert halved[0]["train/micro_batch_size"] == 4.0
+    for a, b in zip(reference, halved):
+        assert a["reward/mean"] == b["reward/mean"]
+        assert a["actor/loss"] == pytest.approx(b["actor/loss"], rel=1e-5, abs=1e-7)
+        assert a["actor/grad_norm"] == pytest.approx(b["actor/grad_norm"], rel=1e-4)
+
+
+def test_out_of_memory_halves_a_packed_micro_batch_by_its_tokens(capsys):
+    """Packed micro-batches (the default) hold up to micro_batch_size x 40 tokens here: an out-of-memory
+    above 200 tokens halves 16 -> 8 -> 4 (160 tokens), and the numbers are those of an unpacked run."""
+    short = "data.max_prompt_length=32"  # 32 + 8 new tokens: a full-length row is 40 tokens
+    reference = _steps(4, None, short, "train.pack_micro_batches=false")
+    halved = _steps(16, 200, short, tokens=True)
+    assert "train.micro_batch_size halved to 4" in capsys.readouterr().err
     assert halved[0]["train/micro_batch_size"] == 4.0
     for a, b in zip(reference, halved):
         assert a["reward/mean"] == b["reward/mean"]
@@ -89,7 +105,7 @@ def test_out_of_memory_at_micro_batch_one_is_a_clear_error():
     from lite_verl.errors import UserError
 
     with pytest.raises(UserError, match="out of memory with train.micro_batch_size=1"):
-        _steps(2, oom_above=0)
+        _steps(2, 0)
 
 
 def test_reward_failures_scored_with_the_default(tmp_path, capsys):
