@@ -49,7 +49,7 @@ def run_sets(model: Path, backend: str, args: argparse.Namespace) -> list[str]:
         "rollout.enforce_eager=true", f"rollout.max_new_tokens={args.new_tokens}", "data.max_prompt_length=16",
         f"trainer.batch_size={args.batch}", "rollout.n=8", f"train.micro_batch_size={args.micro}",
         "train.gradient_checkpointing=true", "train.lr=1e-5", f"trainer.total_steps={args.steps}",
-        "data.val_size=0", "trainer.plan_check=false", "cost.gpu_models=[RTX 4090]",
+        "data.val_size=0", "trainer.plan_check=false", "cost.gpu_models=[RTX 4090]", "trainer.keep_checkpoints=0",
     ]  # fmt: skip
 
 

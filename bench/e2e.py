@@ -19,8 +19,8 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from results import REPORT, append, render  # noqa: E402
-from train_run import learning_figures, train_run  # noqa: E402
+from results import REPORT, append, render, write_curve  # noqa: E402
+from train_run import learning_figures, reward_curve, train_run  # noqa: E402
 
 VARIANTS = {
     "bf16": ["rollout.quantization=none"],
@@ -30,11 +30,19 @@ VARIANTS = {
 
 
 def run(
-    variant: str, steps: int, model: str, task: str, out: Path, group: int = 128, new_tokens: int = 0
-) -> None:
+    variant: str,
+    steps: int,
+    model: str,
+    task: str,
+    out: Path,
+    group: int = 128,
+    new_tokens: int = 0,
+    lr: float = 0.0,
+) -> list[tuple[int, float, float]]:
+    """One variant's run: its rows appended, its per-step metrics copied to `out`; -> its reward curve."""
     run_dir = Path("/tmp/lite-verl-e2e") / variant
     sets = [f"model.path={model}", f"data.task={task}", f"trainer.total_steps={steps}",
-            *([f"rollout.max_new_tokens={new_tokens}"] if new_tokens else []),
+            *([f"rollout.max_new_tokens={new_tokens}"] if new_tokens else []), *([f"train.lr={lr}"] if lr else []),
             "rollout.enforce_eager=true", "trainer.val_every=" + str(max(steps // 4, 1)), *VARIANTS[variant]]  # fmt: skip
     if "awq" in variant:
         sets.append(f"rollout.awq_group_size={group}")
@@ -52,6 +60,7 @@ def run(
     figures += [
         ("sync_median_s", statistics.median(r["timing/sync_s"] for r in train), "s"),
         ("rollout_median_s", statistics.median(r["timing/rollout_s"] for r in train), "s"),
+        ("update_median_s", statistics.median(r["timing/update_s"] for r in train), "s"),
     ]
     if gaps:
         figures.append(("rollout_logprob_gap_mean", statistics.mean(gaps), "nats/token"))
@@ -65,6 +74,9 @@ def run(
     if new_tokens:
         command += f" --max-new-tokens {new_tokens}"
         settings += f", <= {new_tokens} new tokens"
+    if lr:
+        command += f" --lr {lr:g}"
+        settings += f", lr {lr:g}"
     if "awq" in variant:
         command += f" --awq-group {group}"
         settings += f", AWQ group {group}"
@@ -76,6 +88,7 @@ def run(
         out / f"e2e_{variant}_{Path(model).name.replace(':', '_')}{'' if gpu else '_cpu'}_metrics.jsonl",
     )
     print(variant, {m: round(v, 4) for m, v, _ in figures}, flush=True)
+    return reward_curve(train)
 
 
 def main() -> None:
@@ -86,10 +99,21 @@ def main() -> None:
     ap.add_argument("--task", default="echo")
     ap.add_argument("--awq-group", type=int, default=128, help="rollout.awq_group_size (SmolLM2-135M: 64)")
     ap.add_argument("--max-new-tokens", type=int, default=0, help="rollout.max_new_tokens (0: the preset's)")
+    ap.add_argument("--lr", type=float, default=0.0, help="train.lr (0: the default 3e-3, a tiny model's)")
     ap.add_argument("--out", type=Path, default=Path(__file__).resolve().parent / "runs")
     args = ap.parse_args()
+    import torch
+
+    curves = {}
+    tag = f"{'h200' if torch.cuda.is_available() else 'cpu'}_{Path(args.model).name.split('-')[0].replace(':', '_')}"
+    about = f"{args.model} on the {args.task} task, reward per step (`python bench/e2e.py --steps {args.steps} ...`)"
     for v in args.variants.split(","):
-        run(v, args.steps, args.model, args.task, args.out, args.awq_group, args.max_new_tokens)
+        curves[v] = run(
+            v, args.steps, args.model, args.task, args.out, args.awq_group, args.max_new_tokens, args.lr
+        )
+        write_curve(
+            "e2e_grpo_vllm", tag, about, curves
+        )  # after each variant: a cut run keeps the earlier ones
     REPORT.write_text(render())
 
 

