@@ -254,6 +254,17 @@ def _actor(cfg: Config, inp: Inputs, layout: Layout) -> list[Item]:
         Override(ROLLOUT + "log_prob_micro_batch_size_per_gpu", micro),
         *_backend(cfg, MODEL, (ACTOR + "fsdp_config.", REF + "fsdp_config.")),
     ]
+    if t.pack_micro_batches:  # verl's dynamic batch size: micro-batches up to this many tokens per GPU
+        budget = micro * (cfg.data.max_prompt_length + cfg.rollout.max_new_tokens)
+        items += [
+            Override(ACTOR + "use_dynamic_bsz", True),
+            Override(ACTOR + "ppo_max_token_len_per_gpu", budget),
+        ]
+        items += [
+            Override(role + key, value)
+            for role in (REF, ROLLOUT)
+            for key, value in (("log_prob_use_dynamic_bsz", True), ("log_prob_max_token_len_per_gpu", budget))
+        ]
     if t.grad_clip <= 0:
         items.append(Note(f"train.grad_clip={t.grad_clip} (no clipping)", "verl always clips: clip_grad=1e9"))
     if micro != t.micro_batch_size:
@@ -380,6 +391,16 @@ def _critic(cfg: Config, inp: Inputs, layout: Layout) -> list[Item]:
         *_optimizer("critic.optim.", c.lr, 0.0, t.grad_clip),
         Override("critic.cliprange_value", c.cliprange_value),
         Override("critic.ppo_micro_batch_size_per_gpu", micro_batch(cfg, layout)),
+        *(
+            [
+                Override(
+                    "critic.ppo_max_token_len_per_gpu",
+                    micro_batch(cfg, layout) * (cfg.data.max_prompt_length + cfg.rollout.max_new_tokens),
+                )
+            ]
+            if t.pack_micro_batches
+            else []
+        ),
         Override("critic.model.path", inp.model),
         Override("critic.model.trust_remote_code", cfg.model.trust_remote_code),
         Override("critic.model.enable_gradient_checkpointing", t.gradient_checkpointing),

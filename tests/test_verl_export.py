@@ -112,7 +112,7 @@ CASES = {
     "4090x1-gae": ["--preset", "4090x1", "--set", "algorithm.adv_estimator=gae", "--set",
                    "algorithm.use_kl_loss=false", "--set", "algorithm.use_kl_in_reward=true"],
     "a10x4-rm-drgrpo": ["--preset", "a10x4", "--set", "algorithm.adv_estimator=dr_grpo", "--set",
-                        "algorithm.loss_agg_mode=seq-mean-token-sum-norm"],
+                        "algorithm.loss_agg_mode=seq-mean-token-sum-norm", "--set", "train.pack_micro_batches=false"],
     "laptop-16gpus-fp16": ["--preset", "laptop", "--set", "model.dtype=float16", "--nnodes", "2",
                            "--gpus-per-node", "8"],
 }  # fmt: skip
@@ -145,15 +145,20 @@ def test_verl_dataclasses_and_validation(case, tmp_path, verl_config_dir, tiny_d
             and algo.rollout_correction["rollout_is"] == "token"
         )
         assert actor.ppo_micro_batch_size_per_gpu == 4 and rollout.dtype == "bfloat16"
+        # packed micro-batches: verl's dynamic batch size, 4 rows x (512 + 16) tokens per GPU
+        assert actor.use_dynamic_bsz and actor.ppo_max_token_len_per_gpu == 4 * 528
+        assert rollout.log_prob_use_dynamic_bsz and rollout.log_prob_max_token_len_per_gpu == 4 * 528
     if case == "4090x1-gae":
         critic = omega_conf_to_dataclass(cfg.critic)
         assert type(critic).__name__ == "FSDPCriticConfig" and critic.optim.lr == 0.003
         assert cfg.critic.model.lora_rank == 16 and algo.use_kl_in_reward and not actor.use_kl_loss
+        assert critic.use_dynamic_bsz and critic.ppo_max_token_len_per_gpu == 8 * 528
     if case == "a10x4-rm-drgrpo":
         assert algo.adv_estimator == "grpo" and algo.norm_adv_by_std_in_grpo is False
         rm = cfg.reward.reward_model
         assert rm.enable and rm.model_path == str(tiny_dir) and rm.enable_resource_pool  # the T4 (GPU 4)
         assert cfg.reward.custom_reward_function.path is None  # the reward model replaces the rules
+        assert not actor.use_dynamic_bsz  # train.pack_micro_batches=false
     if case == "laptop-16gpus-fp16":
         assert cfg.trainer.nnodes == 2 and cfg.trainer.n_gpus_per_node == 8
         assert actor.ppo_micro_batch_size_per_gpu == 8  # 16 prompts x 8 / 16 GPUs
