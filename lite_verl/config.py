@@ -192,6 +192,11 @@ class Config:
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     cost: CostConfig = field(default_factory=CostConfig)
 
+    @property
+    def full_length(self) -> int:
+        """The longest sequence a run generates and trains on: the prompt limit plus the response limit."""
+        return self.data.max_prompt_length + self.rollout.max_new_tokens
+
     def validate(self) -> Config:
         from lite_verl.validation import validate_config
 

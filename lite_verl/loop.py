@@ -34,7 +34,7 @@ from lite_verl.rewards import RewardFn, load_reward_function, score_batch
 from lite_verl.rollout.base import SamplingSettings
 from lite_verl.rundir import MetricsLog, RunDir, read_metrics, set_rng_state
 from lite_verl.train.group import sharded
-from lite_verl.update import MicroBatchSize, full_length, make_kl_controller, run_update
+from lite_verl.update import MicroBatchSize, make_kl_controller, run_update
 from lite_verl.validation import train_world
 
 MAX_SKIPPED_STEPS = 5  # non-finite losses in a row before the run stops
@@ -127,7 +127,7 @@ def prepare(cfg: Config) -> Session:
 
         w = cfg.reward
         worker = RewardWorker(w.function, w.timeout_s, w.on_error, w.default_score)
-    micro = MicroBatchSize.of(cfg.train, full_length(cfg), lockstep=group is not None and sharded(cfg))
+    micro = MicroBatchSize.of(cfg, lockstep=group is not None and sharded(cfg))
     session = Session(cfg, tokenizer, backend, engine, train_set, val_set, reward_fn, kl_ctrl, worker, micro)
     session.group = group
     if cfg.reward.model:

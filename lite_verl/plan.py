@@ -144,7 +144,7 @@ def root_reduce_bytes(cfg: Config, shape: Shape) -> float:
 
 
 def train_parts(cfg: Config, shape: Shape) -> dict[str, float]:
-    t, r = cfg.train, cfg.rollout
+    t = cfg.train
     b = BYTES[cfg.model.dtype]
     if t.backend == "qlora":
         weights = shape.linear_params() * (0.5 + 1 / 64) + shape.embedding_params() * b
@@ -156,7 +156,7 @@ def train_parts(cfg: Config, shape: Shape) -> dict[str, float]:
     static = {"train weights": weights / GIB, "LoRA + grads + AdamW": lora * 16 / GIB}
     if t.backend in ("fsdp", "deepspeed"):
         static = full_parts(cfg, shape)
-    tokens = t.micro_batch_size * (cfg.data.max_prompt_length + r.max_new_tokens)  # packed or not
+    tokens = t.micro_batch_size * cfg.full_length  # packed (train.pack_micro_batches) or not
     act16 = 2 if b == 2 else 4  # activation bytes per element relative to 16-bit
     per_layer_full = 34 * tokens * shape.hidden * act16 / 2
     if t.gradient_checkpointing:

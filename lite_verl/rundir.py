@@ -148,7 +148,7 @@ class RunDir:
                 atomic_write_text(tmp / "state.json", json.dumps({"step": step, **state}, indent=2))
         except (OSError, RuntimeError) as e:  # a full disk: torch.save says "unexpected pos ..."
             free = shutil.disk_usage(self.checkpoints).free / 2**30
-            reason = str(e).strip().splitlines()[-1][:200] if str(e).strip() else type(e).__name__
+            reason = (str(e).strip().splitlines() or [type(e).__name__])[-1][:200]
             raise UserError(
                 f"the checkpoint of step {step} could not be written to {self.checkpoints} ({reason}); "
                 f"{free:.1f} GiB free there: free space or use --run-dir on a bigger disk "

@@ -13,29 +13,17 @@ import math
 import sys
 from collections import defaultdict
 from collections.abc import Callable
-from typing import NamedTuple, TypeVar
+from typing import TypeVar
 
 import torch
 
 from lite_verl import algos
-from lite_verl.batch import Experience, RolloutBatch, UpdateBatch, micro_batch_rows
-from lite_verl.config import AlgorithmConfig, Config, CriticConfig, TrainConfig
+from lite_verl.batch import Experience, RolloutBatch, Split, UpdateBatch, micro_batch_rows
+from lite_verl.config import AlgorithmConfig, Config, CriticConfig
 from lite_verl.errors import UserError
 from lite_verl.train.dist import ONE_RANK, Ranks
 
 T = TypeVar("T")
-
-
-def full_length(cfg: Config) -> int:
-    """The longest sequence a run can train on: the prompt limit plus the response limit."""
-    return cfg.data.max_prompt_length + cfg.rollout.max_new_tokens
-
-
-class Split(NamedTuple):
-    """How a micro-batch is cut: `rows` rows, or with tokens > 0 up to that many tokens of rows."""
-
-    rows: int
-    tokens: int = 0
 
 
 class MicroBatchSize:
@@ -54,10 +42,12 @@ class MicroBatchSize:
         self.full_length = full_length  # > 0: pack rows up to size x full_length tokens per micro-batch
 
     @classmethod
-    def of(cls, train: TrainConfig, full_length: int, lockstep: bool = False) -> MicroBatchSize:
+    def of(cls, cfg: Config, lockstep: bool = False) -> MicroBatchSize:
         """train.micro_batch_size; with train.pack_micro_batches the token budget of that many rows of
-        `full_length` (the longest prompt plus the longest response a run allows)."""
-        return cls(train.micro_batch_size, lockstep, full_length if train.pack_micro_batches else 0)
+        the run's full length (the longest prompt plus the longest response)."""
+        return cls(
+            cfg.train.micro_batch_size, lockstep, cfg.full_length if cfg.train.pack_micro_batches else 0
+        )
 
     def split(self) -> Split:
         return Split(self.value, self.value * self.full_length)
@@ -133,7 +123,7 @@ def make_kl_controller(cfg: AlgorithmConfig) -> algos.FixedKLController | algos.
 
 
 def batched_log_probs(
-    backend, rollout: RolloutBatch, micro: Split | int, temperature: float, reference: bool
+    backend, rollout: RolloutBatch, micro: Split, temperature: float, reference: bool
 ) -> torch.Tensor:
     """Log-probs [N, R] of the rollout's responses, no grad, in micro-batches of similar lengths with
     their common padding cut off."""
@@ -145,17 +135,16 @@ def batched_log_probs(
         )
 
 
-def batched_values(backend, rollout: RolloutBatch, micro: Split | int) -> torch.Tensor:
+def batched_values(backend, rollout: RolloutBatch, micro: Split) -> torch.Tensor:
     with torch.no_grad(), backend.critic_mode():
         return _each_trimmed(rollout, micro, backend.values)
 
 
-def _each_trimmed(rollout: RolloutBatch, micro: Split | int, fn: Callable[..., torch.Tensor]) -> torch.Tensor:
+def _each_trimmed(rollout: RolloutBatch, micro: Split, fn: Callable[..., torch.Tensor]) -> torch.Tensor:
     """fn(ids, mask, response_length) -> [n, r] over micro-batches cut from the rows in length order,
     each without its all-padding columns; the results in row order, padded back to [N, R]."""
-    rows_, tokens = (micro, 0) if isinstance(micro, int) else micro
     out = torch.zeros(rollout.response_mask.shape, dtype=torch.float32)
-    for rows in micro_batch_rows(rollout.attention_mask, rollout.response_ids.shape[1], rows_, tokens):
+    for rows in micro_batch_rows(rollout.attention_mask, rollout.response_ids.shape[1], micro):
         m = rollout.take(rows).trimmed()
         r = m.response_ids.shape[1]
         out[rows, :r] = fn(m.input_ids, m.attention_mask, r).float().cpu()
@@ -234,14 +223,11 @@ def _mini_batches(num_rows: int, rows_per_mini: int) -> list[list[int]]:
     return [list(range(s, min(s + rows_per_mini, num_rows))) for s in range(0, num_rows, rows_per_mini)]
 
 
-def _micro_batches(mb: Experience, micro: Split | int) -> list[Experience]:
+def _micro_batches(mb: Experience, micro: Split) -> list[Experience]:
     """Micro-batches of rows of similar length (longest first), each without its all-padding columns.
     Losses are normalised by the whole mini-batch's counts, so how rows are grouped changes memory and
     speed, not the gradient."""
-    rows, tokens = (micro, 0) if isinstance(micro, int) else micro
-    return [
-        mb.take(r).trimmed() for r in micro_batch_rows(mb.attention_mask, mb.response_length, rows, tokens)
-    ]
+    return [mb.take(r).trimmed() for r in micro_batch_rows(mb.attention_mask, mb.response_length, micro)]
 
 
 def run_update(

@@ -255,7 +255,7 @@ def _actor(cfg: Config, inp: Inputs, layout: Layout) -> list[Item]:
         *_backend(cfg, MODEL, (ACTOR + "fsdp_config.", REF + "fsdp_config.")),
     ]
     if t.pack_micro_batches:  # verl's dynamic batch size: micro-batches up to this many tokens per GPU
-        budget = micro * (cfg.data.max_prompt_length + cfg.rollout.max_new_tokens)
+        budget = micro * cfg.full_length
         items += [
             Override(ACTOR + "use_dynamic_bsz", True),
             Override(ACTOR + "ppo_max_token_len_per_gpu", budget),
@@ -385,22 +385,19 @@ def _critic(cfg: Config, inp: Inputs, layout: Layout) -> list[Item]:
     if cfg.algorithm.adv_estimator != "gae":
         return []
     c, t = cfg.critic, cfg.train
+    micro = micro_batch(cfg, layout)
+    packed = (
+        [Override("critic.ppo_max_token_len_per_gpu", micro * cfg.full_length)]
+        if t.pack_micro_batches
+        else []
+    )
     return [
         Override("critic.enable", True),
         Override("critic.strategy", "fsdp2"),
         *_optimizer("critic.optim.", c.lr, 0.0, t.grad_clip),
         Override("critic.cliprange_value", c.cliprange_value),
-        Override("critic.ppo_micro_batch_size_per_gpu", micro_batch(cfg, layout)),
-        *(
-            [
-                Override(
-                    "critic.ppo_max_token_len_per_gpu",
-                    micro_batch(cfg, layout) * (cfg.data.max_prompt_length + cfg.rollout.max_new_tokens),
-                )
-            ]
-            if t.pack_micro_batches
-            else []
-        ),
+        Override("critic.ppo_micro_batch_size_per_gpu", micro),
+        *packed,
         Override("critic.model.path", inp.model),
         Override("critic.model.trust_remote_code", cfg.model.trust_remote_code),
         Override("critic.model.enable_gradient_checkpointing", t.gradient_checkpointing),

@@ -194,8 +194,8 @@ def test_qlora_trains_its_adapter_and_stays_near_the_full_precision_base():
 def test_micro_batches_drop_common_padding_and_keep_the_numbers():
     """Rows of different prompt and response lengths: micro-batches are cut in length order and lose the
     columns that are padding in all their rows; the log-probs equal one forward of the padded batch."""
-    from lite_verl.batch import Experience, RolloutBatch, micro_batch_rows
-    from lite_verl.update import Split, _micro_batches, batched_log_probs
+    from lite_verl.batch import Experience, RolloutBatch, Split, micro_batch_rows
+    from lite_verl.update import _micro_batches, batched_log_probs
 
     session = prepare(load_config("laptop", None, SMALL))
     g = torch.Generator().manual_seed(0)
@@ -212,11 +212,11 @@ def test_micro_batches_drop_common_padding_and_keep_the_numbers():
     )
     with torch.no_grad():
         whole, _ = session.backend.forward(rollout.input_ids, rollout.attention_mask, r, 1.0)
-    got = batched_log_probs(session.backend, rollout, 2, 1.0, reference=False)
+    got = batched_log_probs(session.backend, rollout, Split(2), 1.0, reference=False)
     assert torch.allclose(got, whole * response_mask, atol=1e-5)
     exp = Experience(rollout.input_ids, rollout.attention_mask, response_mask.float(), None, None,
                      torch.ones(n, r), rollout.rollout_log_probs)  # fmt: skip
-    shapes = [(m.num_rows, m.input_ids.shape[1], m.response_length) for m in _micro_batches(exp, 2)]
+    shapes = [(m.num_rows, m.input_ids.shape[1], m.response_length) for m in _micro_batches(exp, Split(2))]
     # longest rows first (22, 19 | 12, 7 | 5, 3 tokens): each pair keeps only the columns its rows use
     assert shapes == [(2, 10 + 12, 12), (2, 7 + 5, 5), (2, 3 + 2, 2)], shapes
     # packed (train.pack_micro_batches): up to 2 rows x 22 tokens = 44 tokens of trimmed tensor each
@@ -227,7 +227,7 @@ def test_micro_batches_drop_common_padding_and_keep_the_numbers():
     got = batched_log_probs(session.backend, rollout, Split(2, 44), 1.0, reference=False)
     assert torch.allclose(got, whole * response_mask, atol=1e-5)
     # a row longer than the budget still gets a micro-batch of its own
-    assert [len(c) for c in micro_batch_rows(exp.attention_mask, r, 2, 10)] == [1, 1, 1, 1, 2]
+    assert [len(c) for c in micro_batch_rows(exp.attention_mask, r, Split(2, 10))] == [1, 1, 1, 1, 2]
 
 
 @pytest.mark.parametrize("mode", ["token-mean", "seq-mean-token-sum-norm", "seq-mean-token-mean"])
@@ -236,8 +236,8 @@ def test_trimmed_micro_batches_give_the_whole_batch_gradient(mode):
     from micro-batches of one row (each trimmed to its own length) as from one padded micro-batch."""
     from dataclasses import replace
 
-    from lite_verl.batch import Experience
-    from lite_verl.update import Split, _actor_grads
+    from lite_verl.batch import Experience, Split
+    from lite_verl.update import _actor_grads
 
     session = prepare(load_config("laptop", None, SMALL))
     backend, g = session.backend, torch.Generator().manual_seed(1)
@@ -255,7 +255,7 @@ def test_trimmed_micro_batches_give_the_whole_batch_gradient(mode):
         out = _actor_grads(backend, exp, cfg, micro, 1.0, norm)
         return out["actor/loss"], torch.cat([q.grad.flatten() for q in backend.params if q.grad is not None])
 
-    (one_loss, one), (all_loss, whole) = grads(1), grads(n)
+    (one_loss, one), (all_loss, whole) = grads(Split(1)), grads(Split(n))
     packed_loss, packed = grads(Split(1, p + r))  # one full-length row's tokens: the two short rows share one
     backend.zero_grad()
     assert one_loss == pytest.approx(all_loss, rel=1e-5, abs=1e-7)

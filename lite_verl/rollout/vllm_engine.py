@@ -105,7 +105,7 @@ class VLLMRolloutEngine:
             model=str(model_path),
             dtype=self.serving_dtype,  # no fp16 on CPU
             gpu_memory_utilization=r.gpu_memory_utilization,
-            max_model_len=cfg.data.max_prompt_length + r.max_new_tokens,
+            max_model_len=cfg.full_length,
             max_lora_rank=_lora_rank_slot(cfg.train.lora_rank) if self.mode == "adapter" else 0,
             enforce_eager=r.enforce_eager,
             sleep_mode=self.colocated and torch.cuda.is_available(),

@@ -78,10 +78,10 @@ class Follower:
     COMMANDS = ("update", "generate", "buckets", "linears", "save", "load")
 
     def __init__(self, backend: Any, cfg: Config, ranks: Ranks, model_dir: Path) -> None:
-        from lite_verl.update import MicroBatchSize, full_length
+        from lite_verl.update import MicroBatchSize
 
         self.backend, self.cfg, self.ranks, self.model_dir = backend, cfg, ranks, model_dir
-        self.micro = MicroBatchSize.of(cfg.train, full_length(cfg), lockstep=sharded(cfg))
+        self.micro = MicroBatchSize.of(cfg, lockstep=sharded(cfg))
         self.engine: Any = None
 
     def serve(self, commands: Connection) -> None:
