@@ -1,6 +1,6 @@
 """Benchmark: learning on real data: SmolLM2-135M-Instruct on GSM8K, lite-verl and TRL, same steps.
 
-    python bench/gsm8k.py --gguf SmolLM2-135M-Instruct.Q4_1.gguf --data DIR [--steps 50] [--no-trl]
+    python bench/gsm8k.py --gguf SmolLM2-135M-Instruct.Q4_1.gguf --data DIR [--steps 50] [--only lite-verl|trl]
 
 DIR holds GSM8K's train.jsonl and test.jsonl (../shared/data/gsm8k). Both trainers: the same training
 prompts (verl's GSM8K prompt, `lite-verl prepare-gsm8k`), 32 prompts x 8 samples per step, <= 256 new
@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from results import REPORT, append, render, write_curve  # noqa: E402
+from results import CURVES, REPORT, append, render, write_curve  # noqa: E402
 from train_run import reward_curve, single_process_group_env, train_run  # noqa: E402
 
 PROMPTS, N, NEW_TOKENS, LR, RANK = 32, 8, 256, 2e-5, 16
@@ -144,12 +144,26 @@ def trl(model: Path, train: Path, steps: int, out: Path) -> tuple[Path, dict]:
     return merged, {"logs": [x for x in logs if "reward" in x], "wall_s": wall}
 
 
+def earlier_curves() -> dict[str, list]:
+    path = CURVES / "gsm8k_curve_h200.jsonl"
+    if not path.is_file():
+        return {}
+    out: dict[str, list] = {}
+    for line in path.read_text().splitlines()[1:]:
+        r = json.loads(line)
+        if r["trainer"] != "TRL":
+            out.setdefault(r["trainer"], []).append((r["step"], r["wall_s"], r["reward"]))
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--gguf", type=Path)
     ap.add_argument("--data", type=Path, default=Path("../shared/data/gsm8k"))
     ap.add_argument("--steps", type=int, default=50)
-    ap.add_argument("--no-trl", action="store_true")
+    ap.add_argument(
+        "--only", choices=["lite-verl", "trl"], help="one trainer (a GPU call too short for both)"
+    )
     ap.add_argument("--out", type=Path, default=Path("/tmp/lite-verl-gsm8k"))
     ap.add_argument("--eval", type=Path, help=argparse.SUPPRESS)
     ap.add_argument("--test", type=Path, help=argparse.SUPPRESS)
@@ -160,24 +174,26 @@ def main() -> None:
     cmd = f"python bench/gsm8k.py --gguf {args.gguf.name} --steps {args.steps}"
     settings = (f"H200, vLLM colocated, {PROMPTS} prompts x {N}, <= {NEW_TOKENS} new tokens, LoRA r={RANK}, lr {LR}, "
                 f"no KL, {args.steps} steps, reward bench/gsm8k_reward.py; accuracy: greedy, all 1,319 test problems")  # fmt: skip
-    before = evaluate(model, test)
-    append("gsm8k", model.name, settings, "accuracy_before", before, "fraction", cmd)
-    print(f"before: {before:.4f}", flush=True)
-    after, ours = lite_verl(model, train, test, args.steps, args.out)
-    rows = ours["rows"]
-    k = max(len(rows) // 10, 1)
-    for metric, value, unit in [
-        ("lite_verl_accuracy_after", after, "fraction"), ("lite_verl_wall_s", ours["wall_s"], "s"),
-        ("lite_verl_reward_first_10pct", sum(r["reward/mean"] for r in rows[:k]) / k, "reward"),
-        ("lite_verl_reward_last_10pct", sum(r["reward/mean"] for r in rows[-k:]) / k, "reward"),
-    ]:  # fmt: skip
-        append("gsm8k", model.name, settings, metric, value, unit, cmd)
-    print(f"lite-verl after {args.steps} steps: {after:.4f} ({ours['wall_s']:.0f} s)", flush=True)
-    (args.out / "lite_verl_rewards.json").write_text(json.dumps([r["reward/mean"] for r in rows]))
-    curves = {"lite-verl": reward_curve(rows)}
+    curves = earlier_curves() if args.only == "trl" else {}  # lite-verl's, from an earlier call
     about = f"{model.name} on GSM8K, reward per step (`{cmd}`)"
-    write_curve("gsm8k", "h200", about, curves)  # now, and again with TRL's: a cut run keeps lite-verl's
-    if not args.no_trl:
+    if args.only != "trl":
+        before = evaluate(model, test)
+        append("gsm8k", model.name, settings, "accuracy_before", before, "fraction", cmd)
+        print(f"before: {before:.4f}", flush=True)
+        after, ours = lite_verl(model, train, test, args.steps, args.out)
+        rows = ours["rows"]
+        k = max(len(rows) // 10, 1)
+        for metric, value, unit in [
+            ("lite_verl_accuracy_after", after, "fraction"), ("lite_verl_wall_s", ours["wall_s"], "s"),
+            ("lite_verl_reward_first_10pct", sum(r["reward/mean"] for r in rows[:k]) / k, "reward"),
+            ("lite_verl_reward_last_10pct", sum(r["reward/mean"] for r in rows[-k:]) / k, "reward"),
+        ]:  # fmt: skip
+            append("gsm8k", model.name, settings, metric, value, unit, cmd)
+        print(f"lite-verl after {args.steps} steps: {after:.4f} ({ours['wall_s']:.0f} s)", flush=True)
+        (args.out / "lite_verl_rewards.json").write_text(json.dumps([r["reward/mean"] for r in rows]))
+        curves["lite-verl"] = reward_curve(rows)
+        write_curve("gsm8k", "h200", about, curves)  # now, and again with TRL's: a cut run keeps lite-verl's
+    if args.only != "lite-verl":
         merged, theirs = trl(model, train, args.steps, args.out)
         after_trl = evaluate(merged, test)
         logs = theirs["logs"]
