@@ -21,16 +21,17 @@
 # Prefix each call with LITE_VERL_COMMIT=<git rev-parse --short HEAD here>: the machine's copy of the tree
 # carries stale git metadata, so the results' commit field would be wrong without it. STAGE_LIMIT=<s>
 # interrupts the bench after that many seconds and still collects the rows it has appended (a call's own
-# time limit would kill this script before it copies them to $OUT).
+# time limit would kill this script before it copies them to $OUT). Two stages at once on one GPU: run the
+# second from its own copy of the tree with GPU_EXTRA=/tmp/gpu_extra2 and its own OUT.
 set -uo pipefail
 export PYTHONPATH=/tmp/site:$PWD:${PYTHONPATH:-} VLLM_USE_FLASHINFER_SAMPLER=0 PYTHONUNBUFFERED=1
 export LITE_VERL_CACHE=/tmp/lite-verl-cache HF_HUB_OFFLINE=1 LITE_VERL_DEBUG=1
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
-X=/tmp/gpu_extra; rm -rf $X; mkdir -p $X  # logs, per-step metrics, curves: one extra.tgz in $OUT (8 files come back at most)
+X=${GPU_EXTRA:-/tmp/gpu_extra}; rm -rf $X; mkdir -p $X  # logs, per-step metrics, curves: one extra.tgz in $OUT (8 files come back at most)
 : > bench/results.jsonl.gpu
 cp bench/results.jsonl bench/results.jsonl.before 2>/dev/null || : > bench/results.jsonl.before
-rm -f /tmp/stage_rc  # the bench's exit status (limit() heads a pipeline, and some stages copy files after it)
-limit() { if [ "${STAGE_LIMIT:-0}" -gt 0 ]; then timeout -s INT "$STAGE_LIMIT" "$@"; else "$@"; fi; echo $? > /tmp/stage_rc; }
+RC=$X.rc; rm -f $RC  # the bench's exit status (limit() heads a pipeline, and some stages copy files after it)
+limit() { if [ "${STAGE_LIMIT:-0}" -gt 0 ]; then timeout -s INT "$STAGE_LIMIT" "$@"; else "$@"; fi; echo $? > $RC; }
 case "${1:-}" in
   tests)   limit python3 -m pytest -q -rs -s -x -p no:cacheprovider tests/test_vllm.py ${2:+-k "$2"} 2>&1 | tee "$OUT/tests.log" ;;
   sync)    limit python3 bench/weight_sync.py --sizes "${2:-0.5b,1.5b,7b}" 2>&1 | tee "$OUT/sync.log" | grep -vE "^(INFO|WARNING|\(|\[)" ;;
@@ -67,7 +68,7 @@ case "${1:-}" in
            cp /tmp/lite-verl-gsm8k/*.json /tmp/lite-verl-gsm8k/*.log $X/ 2>/dev/null ;;
   *) sed -n '2,/^set -uo/{/^set/!p}' "$0"; exit 2 ;;
 esac
-rc=$(cat /tmp/stage_rc 2>/dev/null || echo 1)
+rc=$(cat $RC 2>/dev/null || echo 1)
 diff <(cat bench/results.jsonl.before) bench/results.jsonl | sed -n 's/^> //p' >> "$OUT/results_new.jsonl"
 # this call's learning curves and per-step metrics (written into bench/runs/ since it began): into bench/runs/ here
 find bench/runs -type f -newer bench/results.jsonl.before -exec cp {} $X/ \; 2>/dev/null
