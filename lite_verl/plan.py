@@ -15,9 +15,11 @@ The model's shape comes from its config.json. Per GPU, the roles placed on it ad
   weights (4 bytes per parameter / W) and fp32 gradients + AdamW m, v (12 / W), all in host memory with
   train.offload_params (FSDP2 offloads them together); deepspeed keeps model.dtype weights (b / W; host
   with offload_params) and fp32 masters + gradients + m, v (16 / W; host with offload_optimizer). Both
-  gather the root (embeddings, head) and about two decoder layers in model.dtype during a forward. The
-  reference policy of the KL (only when a KL is on) is a frozen model.dtype copy (b / W), in host memory
-  with offload_params. Host memory itself is not checked;
+  gather the root (embeddings, head) and about two decoder layers in model.dtype during a forward and
+  backward, on top of the activations. fsdp ends the backward with the root's gradient reduction (fp32),
+  when nothing is gathered any more: the update's peak is the larger of the two moments. The reference
+  policy of the KL (only when a KL is on) is a frozen model.dtype copy (b / W), in host memory with
+  offload_params. Host memory is checked on its own (host_gib);
 * rollout (vLLM): rollout.gpu_memory_utilization of the card, its weights and KV cache included;
   colocated, vLLM sleeps during the update, so the card's peak is max(trainer's static + vLLM,
   trainer's static + activations) -- vLLM's weights are offloaded to the host while it sleeps;
@@ -102,8 +104,9 @@ class GpuPlan:
 
 
 DYNAMIC = ("activations", "LM head working set")  # parts of the update alone; the rest stays
-REDUCE = "root gradient reduce (fp32)"  # fsdp, at the end of backward: instead of DYNAMIC, not on top
-ALTERNATIVE = "  (end of backward: the larger of this and activations + LM head counts)"
+GATHERED = "gathered weights (update)"  # fsdp/deepspeed: gathered during forward and backward only
+REDUCE = "root gradient reduce (fp32)"  # fsdp, at the end of backward: instead of the three above
+ALTERNATIVE = "  (end of backward: the larger of this and gathered + activations + LM head counts)"
 FULL_STATIC = ("train weights", "grads + AdamW", "reference policy")  # full fine-tuning's other parts
 
 
@@ -120,7 +123,7 @@ def full_parts(cfg: Config, shape: Shape) -> dict[str, float]:
     gathered = (shape.embedding_params() + 2 * shape.linear_params() / shape.layers) * b
     kl = a.use_kl_loss or a.use_kl_in_reward
     reference = b * p / world if kl and not t.offload_params else 0
-    parts = {"train weights": (weights + gathered) / GIB, "grads + AdamW": state / GIB,
+    parts = {"train weights": weights / GIB, GATHERED: gathered / GIB, "grads + AdamW": state / GIB,
              "reference policy": reference / GIB}  # fmt: skip
     if t.backend == "fsdp":
         parts[REDUCE] = root_reduce_bytes(cfg, shape) / GIB
@@ -134,13 +137,15 @@ def adam_bytes(cfg: Config) -> int:
 
 def root_reduce_bytes(cfg: Config, shape: Shape) -> float:
     """FSDP2's last gradient reduction, the root group's (embeddings and head: the biggest group, and
-    last because a tied embedding's gradient is complete only after the whole backward): its gradient in
-    model.dtype, that cast to fp32 for the reduce-scatter, and the fp32 shard it yields before the shard
-    goes to the host (offload) or into the optimizer's gradient (counted in grads + AdamW). Activations
-    and the head's blocks are gone by then, so the plan takes the larger of this and those.
-    H200, Qwen2.5-1.5B shape, 1 rank, offload: 2.57 GiB measured; this term predicts 2.17 of it."""
+    last because the embedding's gradient is complete only after the whole backward). FSDP2 (foreach_reduce)
+    copies the model.dtype gradient into an fp32 reduce-scatter input, frees the gradient, then fills an
+    fp32 output shard (1/W of it) that goes to the host (offload) or becomes the optimizer's gradient
+    (counted in grads + AdamW). The root's weights were sharded back first, the activations and the head's
+    blocks are gone: the plan takes the larger of this and the update's forward/backward parts.
+    H200, Qwen2.5-7B shape (untied: 1.09 B embedding + head parameters), 1 rank, offload: 8.72 GiB
+    measured (bench/big_train.py); this term predicts 8.11 (-7%)."""
     b, world, e = BYTES[cfg.model.dtype], max(len(cfg.train.gpus), 1), shape.embedding_params()
-    return e * (b + 4) + (e * 4 / world if cfg.train.offload_params else 0.0)
+    return e * max(b + 4, 4 + 4 / world) if cfg.train.offload_params else e * (b + 4)
 
 
 def train_parts(cfg: Config, shape: Shape) -> dict[str, float]:
@@ -195,8 +200,9 @@ def plan(cfg: Config, shape: Shape, cards: Mapping[str, float] | None = None) ->
         if g in cfg.train.gpus:
             tp = train_parts(cfg, shape)
             parts.update(tp)
-            static += sum(v for k, v in tp.items() if k not in DYNAMIC and k != REDUCE) + OVERHEAD_GIB
-            dynamic += max(sum(tp[k] for k in DYNAMIC), tp.get(REDUCE, 0.0))
+            static += sum(v for k, v in tp.items() if k not in (*DYNAMIC, GATHERED, REDUCE)) + OVERHEAD_GIB
+            during = tp.get(GATHERED, 0.0) + sum(tp[k] for k in DYNAMIC)
+            dynamic += max(during, tp.get(REDUCE, 0.0))
         vllm = served = 0.0
         if g in cfg.rollout.gpus and cfg.rollout.engine == "vllm":
             vllm = cfg.rollout.gpu_memory_utilization * card  # vLLM's own CUDA context is inside it
@@ -290,6 +296,9 @@ def knob(cfg: Config, p: GpuPlan) -> str:
         return "use train.backend=qlora (a 4-bit base)"
     if cfg.train.backend in ("fsdp", "deepspeed") and biggest in FULL_STATIC:
         return _offload_knob(cfg, biggest)
+    if biggest == GATHERED:  # whole, whatever the sharding
+        return ("the embeddings, head and two decoder layers are gathered whole during the update: use "
+                "train.backend=lora or qlora, or a card with more memory")  # fmt: skip
     if biggest == REDUCE:  # more ranks shrink only its fp32 shard
         return ("FSDP2 reduces the embeddings' and head's gradient in fp32 at the end of backward: use "
                 "train.backend=lora or qlora, or a card with more memory")  # fmt: skip

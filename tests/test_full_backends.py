@@ -182,6 +182,8 @@ def test_gradient_checkpointing_recomputes_and_keeps_the_numbers(backend):
 
 
 def test_reference_is_the_initial_policy_loaded_on_first_use():
+    from torch.distributed.tensor import DTensor
+
     ids, mask, _ = _batch()
     b, _ = _backend("fsdp")
     assert b._reference is None  # a run without KL never loads it
@@ -189,6 +191,8 @@ def test_reference_is_the_initial_policy_loaded_on_first_use():
         first = b.forward(ids, mask, R, 1.0)[0]
         ref = b.forward(ids, mask, R, 1.0, reference=True)[0]
     assert b._reference is not None and torch.equal(ref, first)
+    # sharded again after its forward: FSDP2 would keep the root (embeddings, head) gathered on the GPU
+    assert all(isinstance(p, DTensor) for p in b._reference.parameters())
     lps, _ = _train(b, 2)
     with torch.no_grad():
         ref_after = b.forward(ids, mask, R, 1.0, reference=True)[0]

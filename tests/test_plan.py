@@ -8,7 +8,7 @@ import pytest
 
 from lite_verl.config import load_config
 from lite_verl.errors import ConfigError
-from lite_verl.plan import GIB, Shape, check_plan, plan, train_parts
+from lite_verl.plan import GATHERED, GIB, REDUCE, Shape, check_plan, plan, train_parts
 
 QWEN_1_5B = Shape(hidden=1536, intermediate=8960, layers=28, heads=12, kv_heads=2, vocab=151936, tied=True)
 QWEN_7B = Shape(hidden=3584, intermediate=18944, layers=28, heads=28, kv_heads=4, vocab=152064, tied=False)
@@ -87,7 +87,9 @@ def test_plan_command(capsys, tmp_path):
 def test_full_fine_tuning_by_hand_and_its_offload_knobs():
     """fsdp: fp32 masters 4 B/param + fp32 grads and AdamW m, v 12 B/param (all to the host with
     offload), deepspeed: bf16 weights 2 B + fp32 masters, grads, m, v 16 B; both gather the root (tied
-    embeddings) and two decoder layers in bf16; the KL's frozen reference is a bf16 copy."""
+    embeddings) and two decoder layers in bf16 during the update; the KL's frozen reference is a bf16
+    copy. fsdp's update peaks at the larger of (gathered + activations + head) and the root's fp32
+    gradient reduction at the end of backward, when nothing is gathered."""
     from lite_verl.plan import knob
 
     base = ["sync.mode=merged", "rollout.quantization=none"]
@@ -95,14 +97,16 @@ def test_full_fine_tuning_by_hand_and_its_offload_knobs():
     gathered = (151936 * 1536 + 2 * 46_792_704) * 2
     fsdp = load_config("4090x1", None, [*base, "train.backend=fsdp"])
     parts = train_parts(fsdp, QWEN_1_5B)
-    assert parts["train weights"] == pytest.approx((4 * p + gathered) / GIB)
+    assert parts["train weights"] == pytest.approx(4 * p / GIB)
+    assert parts[GATHERED] == pytest.approx(gathered / GIB)
     assert parts["grads + AdamW"] == pytest.approx(12 * p / GIB)
     assert parts["reference policy"] == pytest.approx(2 * p / GIB)  # use_kl_loss is on by default
+    # not offloaded: the fp32 output shard is the optimizer's gradient; bf16 gradient + its fp32 copy
+    assert parts[REDUCE] == pytest.approx(151936 * 1536 * (2 + 4) / GIB)
     (gpu,) = plan(fsdp, QWEN_1_5B)
     static = parts["train weights"] + parts["grads + AdamW"] + parts["reference policy"] + 0.5
-    assert gpu.peak_gib == pytest.approx(
-        max(static + 0.35 * 24, static + parts["activations"] + parts["LM head working set"])
-    )
+    during = parts[GATHERED] + parts["activations"] + parts["LM head working set"]
+    assert gpu.peak_gib == pytest.approx(max(static + 0.35 * 24, static + max(during, parts[REDUCE])))
     assert not gpu.fits and "train.offload_params=true and train.offload_optimizer=true" in knob(fsdp, gpu)
     off = load_config(
         "4090x1",
@@ -110,18 +114,18 @@ def test_full_fine_tuning_by_hand_and_its_offload_knobs():
         [*base, "train.backend=fsdp", "train.offload_params=true", "train.offload_optimizer=true"],
     )
     parts = train_parts(off, QWEN_1_5B)
-    assert parts["train weights"] == pytest.approx(gathered / GIB)
+    assert parts["train weights"] == 0 and parts[GATHERED] == pytest.approx(gathered / GIB)
     assert parts["grads + AdamW"] == 0 and parts["reference policy"] == 0
-    # the root's gradient at the end of backward: bf16, its fp32 cast, the fp32 shard (one rank) --
-    # the larger of that and activations + head, not both (H200: 2.57 GiB measured, bench/big_train.py)
-    assert parts["root gradient reduce (fp32)"] == pytest.approx(151936 * 1536 * (2 + 4 + 4) / GIB)
+    # the root's gradient at the end of backward, one rank: bf16 + its fp32 copy, then the fp32 copy +
+    # the fp32 output shard (bound for the host) -- the larger of that and the forward/backward parts
+    assert parts[REDUCE] == pytest.approx(151936 * 1536 * max(2 + 4, 4 + 4) / GIB)
     (gpu,) = plan(off, QWEN_1_5B)
-    dynamic = max(parts["activations"] + parts["LM head working set"], parts["root gradient reduce (fp32)"])
-    assert gpu.train_alloc_gib == pytest.approx(parts["train weights"] + dynamic)
+    during = parts[GATHERED] + parts["activations"] + parts["LM head working set"]
+    assert gpu.train_alloc_gib == pytest.approx(max(during, parts[REDUCE]))
     assert gpu.fits
     ds = load_config("4090x1", None, [*base, "train.backend=deepspeed"])
     parts = train_parts(ds, QWEN_1_5B)
-    assert parts["train weights"] == pytest.approx((2 * p + gathered) / GIB)
+    assert parts["train weights"] == pytest.approx(2 * p / GIB) and REDUCE not in parts
     assert parts["grads + AdamW"] == pytest.approx(16 * p / GIB)
     (gpu,) = plan(ds, QWEN_1_5B)
     assert not gpu.fits and knob(ds, gpu) == "set train.offload_optimizer=true"
@@ -130,6 +134,29 @@ def test_full_fine_tuning_by_hand_and_its_offload_knobs():
     parts = train_parts(ds_off, QWEN_1_5B)
     assert parts["grads + AdamW"] == 0 and parts["reference policy"] == 0  # no KL: no reference at all
     assert plan(ds_off, QWEN_1_5B)[0].fits
+
+
+def test_fsdp_offload_7b_by_hand_and_against_the_h200():
+    """Qwen2.5-7B shape (untied: embeddings and head 2 x 152064 x 3584 = 1.09 B parameters), fsdp with
+    offload and bf16 AdamW moments, micro-batch 32 of 16 + 256 tokens, no KL. Its peak is the root's
+    gradient reduction: 8 bytes per embedding/head parameter = 8.12 GiB, above the forward/backward's
+    gathered weights + activations + head (7.5 GiB). bench/big_train.py measured 8.72 GiB on an H200
+    (torch.cuda.max_memory_allocated, vocabulary 151936): the plan is within 10% of it."""
+    sets = ["train.backend=fsdp", "train.offload_params=true", "train.offload_optimizer=true",
+            "train.optimizer_state_dtype=bfloat16", "algorithm.use_kl_loss=false", "sync.mode=merged",
+            "rollout.quantization=none", "train.micro_batch_size=32", "data.max_prompt_length=16",
+            "rollout.max_new_tokens=256", "train.gradient_checkpointing=true"]  # fmt: skip
+    cfg = load_config("4090x1", None, sets)
+    e = 2 * 152064 * 3584
+    parts = train_parts(cfg, QWEN_7B)
+    assert parts[REDUCE] == pytest.approx(e * 8 / GIB)  # 8.12 GiB
+    assert parts[GATHERED] == pytest.approx((e + 2 * QWEN_7B.linear_params() / 28) * 2 / GIB)
+    during = parts[GATHERED] + parts["activations"] + parts["LM head working set"]
+    assert during < parts[REDUCE]
+    (gpu,) = plan(cfg, QWEN_7B)
+    assert gpu.train_alloc_gib == pytest.approx(parts[REDUCE])
+    (bench,) = plan(cfg, Shape(3584, 18944, 28, 28, 4, 151936, False))  # the bench's vocabulary
+    assert abs(bench.train_alloc_gib - 8.716) / 8.716 < 0.10
 
 
 def test_host_memory_of_offloaded_full_fine_tuning(tmp_path, monkeypatch):

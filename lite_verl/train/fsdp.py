@@ -92,12 +92,13 @@ class FSDPSharding:
     def zero_grad(self) -> None:
         self.optimizer.zero_grad(set_to_none=True)
 
-    def settle(self) -> None:
-        """After a no-grad forward the root keeps its weights gathered (in model.dtype): shard them back
-        so that reads see the fp32 masters."""
+    def settle(self, module: torch.nn.Module | None = None) -> None:
+        """After a no-grad forward FSDP2 keeps a root's weights gathered (in model.dtype) for the backward
+        it expects: shard them back, so that reads see the fp32 masters and the frozen reference's
+        embeddings and head (2 GiB at 7B) do not stay on the GPU for the rest of the run."""
         from torch.distributed.fsdp import FSDPModule
 
-        for m in self.model.modules():
+        for m in (module or self.model).modules():
             if isinstance(m, FSDPModule):
                 m.reshard()
 

@@ -53,7 +53,8 @@ class Sharding(Protocol):
     def backward(self, loss: torch.Tensor) -> None: ...
     def step(self, max_norm: float) -> float: ...
     def zero_grad(self) -> None: ...
-    def settle(self) -> None: ...  # every weight back in its resting (sharded) state, before reading them
+    def settle(self, module: torch.nn.Module | None = None) -> None: ...  # every weight of module (the
+    # trained model by default) back in its resting (sharded) state: before reading them, after a no-grad forward
     def gathered(self, module: torch.nn.Module) -> Any: ...  # context: {name: full tensor} of its own params
     def local_bytes(self) -> int: ...
     def save(self, directory: Path) -> None: ...
@@ -172,9 +173,11 @@ class FullBackend:
         if self._reference is None:
             self._reference = self._load_reference()
         with torch.no_grad():
-            return self._log_probs(
+            out = self._log_probs(
                 self._reference, input_ids, attention_mask, response_length, temperature, with_entropy
             )
+        self.sharding.settle(self._reference)  # FSDP2 keeps a root gathered after its forward: not here
+        return out
 
     @staticmethod
     def _log_probs(module, input_ids, attention_mask, response_length, temperature, with_entropy):

@@ -98,7 +98,7 @@ class ZeroSharding:
     def zero_grad(self) -> None:
         self.engine.zero_grad()
 
-    def settle(self) -> None:
+    def settle(self, module: torch.nn.Module | None = None) -> None:
         pass  # ZeRO-3 partitions weights again after every forward
 
     @contextmanager
