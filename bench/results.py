@@ -196,7 +196,10 @@ NOTES = {  # what a reader must know about a table that its rows do not say
     " 0.79 at step 39, 0.997 vs 0.979 at step 60), so the earlier one was seed 0's luck; per wall second"
     " lite-verl gets there first (0.90 at 8.1 s; TRL 0.88 at 13.7 s). 672cf61 (same code, the curve file"
     " now tracked in bench/runs/): 1.53x, pairs 1.48-1.66x; the rewards repeat exactly (deterministic on"
-    " the CPU), the wall times within ~5%: the CPU ratio moves by ~10% between runs.",
+    " the CPU), the wall times within ~5%: the CPU ratio moves by ~10% between runs. 0bfa641, after packed"
+    " micro-batches (train.pack_micro_batches): 1.61x (pairs 1.40-1.68x), i.e. unchanged on the CPU, where the"
+    " tiny model's forwards cost little to launch; its curve replaces 672cf61's (lite-verl 0.89 at 11.3 s,"
+    " TRL 0.90 at 18.1 s: both sides ran slower than at 672cf61 on this machine).",
 }
 FIELDS = ("bench", "date", "commit", "hardware", "model", "settings", "metric", "value", "unit", "command")
 
