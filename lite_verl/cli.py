@@ -269,13 +269,29 @@ def cmd_train(args: argparse.Namespace) -> int:
     run.create(cfg)
     try:
         run_training(session, run)
-    except BaseException:
-        if run.latest_checkpoint() is None:  # nothing worth keeping: leave no half-written run behind
-            shutil.rmtree(path, ignore_errors=True)
-        else:
-            print(f"lite-verl: resume with: lite-verl train --resume {path}", file=sys.stderr)
+    except BaseException as e:
+        _after_failure(path, run.latest_checkpoint() is not None, e)
         raise
     return 0
+
+
+def _after_failure(path: Path, checkpoint: bool, error: BaseException) -> None:
+    """A run that stopped with an error: with a checkpoint, say how to resume; with finished steps but no
+    checkpoint, keep its metrics and logs and write RUN/FAILED (what stopped it); with nothing done, leave
+    no run directory behind."""
+    from lite_verl.rundir import atomic_write_text, read_metrics
+
+    if checkpoint:
+        print(f"lite-verl: resume with: lite-verl train --resume {path}", file=sys.stderr)
+        return
+    steps = [m["step"] for m in read_metrics(path) if "reward/mean" in m]
+    if not steps:
+        shutil.rmtree(path, ignore_errors=True)
+        return
+    why = f"{type(error).__name__}: {error}".strip().rstrip(":")
+    atomic_write_text(path / "FAILED", f"stopped after step {int(max(steps))} with no checkpoint: {why}\n")
+    print(f"lite-verl: {path} keeps the metrics and logs of {len(steps)} step(s) and says why in FAILED; no "
+          f"checkpoint to resume from: set trainer.save_every=N to checkpoint during a run", file=sys.stderr)  # fmt: skip
 
 
 def _load(

@@ -12,6 +12,8 @@ from pathlib import Path
 import pytest
 from conftest import SHARED_GSM8K
 
+from lite_verl.rundir import read_metrics
+
 FAST = [
     "--set",
     "trainer.batch_size=4",
@@ -183,6 +185,29 @@ def _bad_inputs(tmp: Path) -> dict[str, tuple[list[str], str]]:
             "raised RuntimeError: bad reward",
         ),
     }
+
+
+def test_a_run_that_fails_after_some_steps_keeps_its_metrics(tmp_path):
+    """No checkpoint yet (trainer.save_every=0: only at the end), a reward that raises in step 3: the two
+    finished steps' metrics stay, FAILED says what stopped the run, the exit code is not 0."""
+    (tmp_path / "late.py").write_text(
+        "from pathlib import Path\n"
+        "def f(*a, **k):\n"
+        "    n = Path(__file__).with_suffix('.calls')\n"
+        "    calls = int(n.read_text()) + 1 if n.exists() else 1\n"
+        "    n.write_text(str(calls))\n"
+        "    if calls > 32:  # 4 prompts x 4 samples per step, one call each: step 3\n"
+        "        raise RuntimeError('reward service went away')\n"
+        "    return 1.0\n"
+    )
+    sets = ["reward.function=late.py:f", "trainer.total_steps=5", "rollout.n=4", "data.val_size=0"]
+    out = cli("train", "--run-dir", "run", *FAST, *[a for s in sets for a in ("--set", s)], cwd=tmp_path)
+    assert out.returncode != 0 and "reward service went away" in out.stderr, out.stderr[-2000:]
+    run = tmp_path / "run"
+    steps = [m["step"] for m in read_metrics(run) if "reward/mean" in m]
+    assert steps == [1, 2]
+    assert "stopped after step 2 with no checkpoint" in (run / "FAILED").read_text()
+    assert "no checkpoint to resume from: set trainer.save_every" in out.stderr
 
 
 @pytest.mark.parametrize("case", list(_bad_inputs(Path("/tmp")).keys()))
