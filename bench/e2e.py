@@ -110,9 +110,7 @@ def main() -> None:
         curves[v] = run(
             v, args.steps, args.model, args.task, args.out, args.awq_group, args.max_new_tokens, args.lr, gpu
         )
-        write_curve(
-            "e2e_grpo_vllm", tag, about, curves
-        )  # after each variant: a cut run keeps the earlier ones
+        write_curve("e2e_grpo_vllm", tag, about, curves)  # after each variant: a cut run keeps the earlier
     REPORT.write_text(render())
 
 

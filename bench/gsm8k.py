@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from results import CURVES, REPORT, append, render, write_curve  # noqa: E402
+from results import CURVES, REPORT, append, read_curve, render, write_curve  # noqa: E402
 from train_run import reward_curve, single_process_group_env, train_run  # noqa: E402
 
 PROMPTS, N, NEW_TOKENS, LR, RANK = 32, 8, 256, 2e-5, 16
@@ -77,11 +77,11 @@ def _eval_main(model: Path, test: Path) -> None:
     print(f"ACCURACY {sum(right) / len(right)}", flush=True)
 
 
-def lite_verl(model: Path, train: Path, test: Path, steps: int, out: Path) -> tuple[float, dict]:
+def lite_verl(model: Path, train: Path, test: Path, steps: int, lr: float, out: Path) -> tuple[float, dict]:
     sets = [
         f"model.path={model}", f"data.train_files=[{train}]", f"data.val_files=[{test}]", "data.val_size=0",
         "data.max_prompt_length=256", f"rollout.max_new_tokens={NEW_TOKENS}", "rollout.quantization=none",
-        "rollout.gpu_memory_utilization=0.3", f"trainer.batch_size={PROMPTS}", f"rollout.n={N}", f"train.lr={LR}",
+        "rollout.gpu_memory_utilization=0.3", f"trainer.batch_size={PROMPTS}", f"rollout.n={N}", f"train.lr={lr}",
         f"train.lora_rank={RANK}", "train.lora_alpha=32", "algorithm.use_kl_loss=false", f"trainer.total_steps={steps}",
         f"reward.function={REWARD}:compute_score", "data.filter_overlong_prompts=true",
         f"train.micro_batch_size={MICRO}", "sync.mode=merged",
@@ -95,7 +95,7 @@ def lite_verl(model: Path, train: Path, test: Path, steps: int, out: Path) -> tu
     return evaluate(merged, test), {"rows": rows, "wall_s": float(summary["wall_s"])}
 
 
-def trl(model: Path, train: Path, steps: int, out: Path) -> tuple[Path, dict]:
+def trl(model: Path, train: Path, steps: int, lr: float, out: Path) -> tuple[Path, dict]:
     """TRL's GRPOTrainer, vLLM colocate mode; -> (merged model dir, per-step logs)."""
     import torch
     from datasets import Dataset
@@ -125,7 +125,7 @@ def trl(model: Path, train: Path, steps: int, out: Path) -> tuple[Path, dict]:
     micro = MICRO
     args = GRPOConfig(
         output_dir=str(out / "trl"), num_generations=N, max_completion_length=NEW_TOKENS, temperature=1.0,
-        learning_rate=LR, lr_scheduler_type="constant", warmup_steps=0, max_steps=steps, beta=0.0, logging_steps=1,
+        learning_rate=lr, lr_scheduler_type="constant", warmup_steps=0, max_steps=steps, beta=0.0, logging_steps=1,
         report_to=[], save_strategy="no", seed=0, disable_dropout=True, per_device_train_batch_size=micro,
         gradient_accumulation_steps=PROMPTS * N // micro, steps_per_generation=PROMPTS * N // micro, bf16=True,
         use_vllm=True, vllm_mode="colocate", vllm_gpu_memory_utilization=0.3,
@@ -146,15 +146,20 @@ def trl(model: Path, train: Path, steps: int, out: Path) -> tuple[Path, dict]:
 
 
 def earlier_curves() -> dict[str, list]:
+    """lite-verl's curve from an earlier `--only lite-verl` call, for a `--only trl` call to add TRL's to."""
     path = CURVES / "gsm8k_curve_h200.jsonl"
-    if not path.is_file():
-        return {}
-    out: dict[str, list] = {}
-    for line in path.read_text().splitlines()[1:]:
-        r = json.loads(line)
-        if r["trainer"] != "TRL":
-            out.setdefault(r["trainer"], []).append((r["step"], r["wall_s"], r["reward"]))
-    return out
+    return {w: c for w, c in read_curve(path)[1].items() if w != "TRL"} if path.is_file() else {}
+
+
+def report(who: str, after: float, wall: float, rewards: list[float], record, out: Path) -> None:
+    """One trainer's rows (accuracy after, wall time, mean reward of its first and last 10% of steps)."""
+    k = max(len(rewards) // 10, 1)
+    for metric, value, unit in [
+        ("accuracy_after", after, "fraction"), ("wall_s", wall, "s"),
+        ("reward_first_10pct", sum(rewards[:k]) / k, "reward"), ("reward_last_10pct", sum(rewards[-k:]) / k, "reward"),
+    ]:  # fmt: skip
+        record(f"{who}_{metric}", value, unit)
+    (out / f"{who}_rewards.json").write_text(json.dumps(rewards))
 
 
 def main() -> None:
@@ -170,45 +175,34 @@ def main() -> None:
     ap.add_argument("--eval", type=Path, help=argparse.SUPPRESS)
     ap.add_argument("--test", type=Path, help=argparse.SUPPRESS)
     args = ap.parse_args()
-    globals()["LR"] = args.lr  # lite_verl() and trl() read it, as they read the other settings
     if args.eval:
         return _eval_main(args.eval, args.test)
     model, train, test = prepare(args.gguf, args.data, args.out)
     cmd = f"python bench/gsm8k.py --gguf {args.gguf.name} --steps {args.steps} --lr {args.lr:g}"
-    settings = (f"H200, vLLM colocated, {PROMPTS} prompts x {N}, <= {NEW_TOKENS} new tokens, LoRA r={RANK}, lr {LR}, "
+    settings = (f"H200, vLLM colocated, {PROMPTS} prompts x {N}, <= {NEW_TOKENS} new tokens, LoRA r={RANK}, lr {args.lr:g}, "
                 f"no KL, {args.steps} steps, reward bench/gsm8k_reward.py; accuracy: greedy, all 1,319 test problems")  # fmt: skip
     curves = earlier_curves() if args.only == "trl" else {}  # lite-verl's, from an earlier call
     about = f"{model.name} on GSM8K, reward per step (`{cmd}`)"
+
+    def record(metric: str, value: float, unit: str) -> None:
+        append("gsm8k", model.name, settings, metric, value, unit, cmd)
+
     if args.only != "trl":
         before = evaluate(model, test)
-        append("gsm8k", model.name, settings, "accuracy_before", before, "fraction", cmd)
+        record("accuracy_before", before, "fraction")
         print(f"before: {before:.4f}", flush=True)
-        after, ours = lite_verl(model, train, test, args.steps, args.out)
+        after, ours = lite_verl(model, train, test, args.steps, args.lr, args.out)
         rows = ours["rows"]
-        k = max(len(rows) // 10, 1)
-        for metric, value, unit in [
-            ("lite_verl_accuracy_after", after, "fraction"), ("lite_verl_wall_s", ours["wall_s"], "s"),
-            ("lite_verl_reward_first_10pct", sum(r["reward/mean"] for r in rows[:k]) / k, "reward"),
-            ("lite_verl_reward_last_10pct", sum(r["reward/mean"] for r in rows[-k:]) / k, "reward"),
-        ]:  # fmt: skip
-            append("gsm8k", model.name, settings, metric, value, unit, cmd)
+        report("lite_verl", after, ours["wall_s"], [r["reward/mean"] for r in rows], record, args.out)
         print(f"lite-verl after {args.steps} steps: {after:.4f} ({ours['wall_s']:.0f} s)", flush=True)
-        (args.out / "lite_verl_rewards.json").write_text(json.dumps([r["reward/mean"] for r in rows]))
         curves["lite-verl"] = reward_curve(rows)
         write_curve("gsm8k", "h200", about, curves)  # now, and again with TRL's: a cut run keeps lite-verl's
     if args.only != "lite-verl":
-        merged, theirs = trl(model, train, args.steps, args.out)
+        merged, theirs = trl(model, train, args.steps, args.lr, args.out)
         after_trl = evaluate(merged, test)
         logs = theirs["logs"]
-        k = max(len(logs) // 10, 1)
-        for metric, value, unit in [
-            ("trl_accuracy_after", after_trl, "fraction"), ("trl_wall_s", theirs["wall_s"], "s"),
-            ("trl_reward_first_10pct", sum(x["reward"] for x in logs[:k]) / k, "reward"),
-            ("trl_reward_last_10pct", sum(x["reward"] for x in logs[-k:]) / k, "reward"),
-        ]:  # fmt: skip
-            append("gsm8k", model.name, settings, metric, value, unit, cmd)
+        report("trl", after_trl, theirs["wall_s"], [x["reward"] for x in logs], record, args.out)
         print(f"TRL after {args.steps} steps: {after_trl:.4f} ({theirs['wall_s']:.0f} s)", flush=True)
-        (args.out / "trl_rewards.json").write_text(json.dumps([x["reward"] for x in logs]))
         curves["TRL"] = [(i + 1, x["_wall_s"], x["reward"]) for i, x in enumerate(logs)]
         write_curve("gsm8k", "h200", about, curves)
     REPORT.write_text(render())

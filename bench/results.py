@@ -278,15 +278,21 @@ def write_curve(bench: str, tag: str, about: str, curves: dict[str, list[tuple[i
     return path
 
 
+def read_curve(path: Path) -> tuple[dict, dict[str, list[tuple[int, float, float]]]]:
+    """write_curve's file -> (its meta, {trainer: [(step, wall seconds so far, reward)]})."""
+    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    curves: dict[str, list[tuple[int, float, float]]] = defaultdict(list)
+    for r in rows[1:]:
+        curves[r["trainer"]].append((r["step"], r["wall_s"], r["reward"]))
+    return rows[0]["meta"], dict(curves)
+
+
 def curve_tables(bench: str, points: int = 12) -> list[str]:
     """Markdown tables of the bench's saved learning curves: reward and wall time at up to `points` steps."""
     out: list[str] = []
     for path in sorted(CURVES.glob(f"{bench}_curve_*.jsonl")):
-        rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-        meta = rows[0]["meta"]
-        by: dict[str, dict[int, dict]] = defaultdict(dict)
-        for r in rows[1:]:
-            by[r["trainer"]][r["step"]] = r
+        meta, curves = read_curve(path)
+        by = {who: {s: (t, r) for s, t, r in c} for who, c in curves.items()}
         who = list(by)
         steps = sorted({s for c in by.values() for s in c})
         shown = (
@@ -301,8 +307,8 @@ def curve_tables(bench: str, points: int = 12) -> list[str]:
         for s in shown:
             cells = []
             for w in who:
-                r = by[w].get(s)
-                cells += [f"{r['reward']:.3f}", f"{r['wall_s']:.1f}"] if r else ["", ""]
+                t_r = by[w].get(s)
+                cells += [f"{t_r[1]:.3f}", f"{t_r[0]:.1f}"] if t_r else ["", ""]
             out.append(f"| {s} | " + " | ".join(cells) + " |")
         out.append("")
     return out

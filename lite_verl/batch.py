@@ -148,9 +148,9 @@ def micro_batch_rows(attention_mask: torch.Tensor, response_length: int, split: 
     rows, tokens = split
     if tokens <= 0:
         return [order[s : s + rows] for s in range(0, len(order), rows)]
-    split = attention_mask.shape[1] - response_length
-    prompt = attention_mask[:, :split].sum(1).tolist()
-    response = attention_mask[:, split:].sum(1).clamp(min=1).tolist()
+    start = attention_mask.shape[1] - response_length  # the first response column
+    prompt = attention_mask[:, :start].sum(1).tolist()
+    response = attention_mask[:, start:].sum(1).clamp(min=1).tolist()
     out: list[list[int]] = []
     cut: list[int] = []
     width_p = width_r = 0
