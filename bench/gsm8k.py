@@ -145,9 +145,16 @@ def trl(model: Path, train: Path, steps: int, lr: float, out: Path) -> tuple[Pat
     return merged, {"logs": [x for x in logs if "reward" in x], "wall_s": wall}
 
 
-def earlier_curves() -> dict[str, list]:
-    """lite-verl's curve from an earlier `--only lite-verl` call, for a `--only trl` call to add TRL's to."""
-    path = CURVES / "gsm8k_curve_h200.jsonl"
+def curve_tag(lr: float) -> str:
+    """The curve file's tag, by learning rate (runs at other rates keep their files): h200_lr1e-4."""
+    mantissa, exp = f"{lr:.0e}".split("e")
+    return f"h200_lr{mantissa}e{int(exp)}"
+
+
+def earlier_curves(lr: float) -> dict[str, list]:
+    """lite-verl's curve from an earlier `--only lite-verl` call at this lr, for a `--only trl` call to add
+    TRL's to."""
+    path = CURVES / f"gsm8k_curve_{curve_tag(lr)}.jsonl"
     return {w: c for w, c in read_curve(path)[1].items() if w != "TRL"} if path.is_file() else {}
 
 
@@ -181,7 +188,7 @@ def main() -> None:
     cmd = f"python bench/gsm8k.py --gguf {args.gguf.name} --steps {args.steps} --lr {args.lr:g}"
     settings = (f"H200, vLLM colocated, {PROMPTS} prompts x {N}, <= {NEW_TOKENS} new tokens, LoRA r={RANK}, lr {args.lr:g}, "
                 f"no KL, {args.steps} steps, reward bench/gsm8k_reward.py; accuracy: greedy, all 1,319 test problems")  # fmt: skip
-    curves = earlier_curves() if args.only == "trl" else {}  # lite-verl's, from an earlier call
+    curves = earlier_curves(args.lr) if args.only == "trl" else {}  # lite-verl's, from an earlier call
     about = f"{model.name} on GSM8K, reward per step (`{cmd}`)"
 
     def record(metric: str, value: float, unit: str) -> None:
@@ -196,7 +203,9 @@ def main() -> None:
         report("lite_verl", after, ours["wall_s"], [r["reward/mean"] for r in rows], record, args.out)
         print(f"lite-verl after {args.steps} steps: {after:.4f} ({ours['wall_s']:.0f} s)", flush=True)
         curves["lite-verl"] = reward_curve(rows)
-        write_curve("gsm8k", "h200", about, curves)  # now, and again with TRL's: a cut run keeps lite-verl's
+        write_curve(
+            "gsm8k", curve_tag(args.lr), about, curves
+        )  # now, and again with TRL's: a cut run keeps lite-verl's
     if args.only != "lite-verl":
         merged, theirs = trl(model, train, args.steps, args.lr, args.out)
         after_trl = evaluate(merged, test)
@@ -204,7 +213,7 @@ def main() -> None:
         report("trl", after_trl, theirs["wall_s"], [x["reward"] for x in logs], record, args.out)
         print(f"TRL after {args.steps} steps: {after_trl:.4f} ({theirs['wall_s']:.0f} s)", flush=True)
         curves["TRL"] = [(i + 1, x["_wall_s"], x["reward"]) for i, x in enumerate(logs)]
-        write_curve("gsm8k", "h200", about, curves)
+        write_curve("gsm8k", curve_tag(args.lr), about, curves)
     REPORT.write_text(render())
 
 

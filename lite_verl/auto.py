@@ -128,6 +128,8 @@ def check_topology(cfg: Config, shape: Shape, gpus: Sequence[Gpu]) -> None:
     missing = _missing(cfg, gpus)
     if missing:
         raise ConfigError(missing)
+    for note in priced_as_another_card(cfg, gpus):
+        print(note, file=sys.stderr)
     if not cfg.trainer.plan_check:
         return
     short = _short_of_free(plan_on(cfg, shape, gpus), gpus)
@@ -148,6 +150,21 @@ def _missing(cfg: Config, gpus: Sequence[Gpu]) -> str | None:
             if g not in ids:
                 return f"{key} names GPU {g}, which this machine does not have ({have}); fix {key} or use --preset auto"
     return None
+
+
+def priced_as_another_card(cfg: Config, gpus: Sequence[Gpu]) -> list[str]:
+    """One line per used GPU whose cost.gpu_models entry names another card than the one detected (a
+    4090 preset run on an H200): the run goes ahead, but the bill prices and labels it as the named card."""
+    by_id, notes = {g.id: g for g in gpus}, []
+    reward = (int(cfg.reward.device[5:]),) if cfg.reward.device.startswith("cuda:") else ()
+    for gid in sorted({*cfg.rollout.gpus, *cfg.train.gpus, *reward}):
+        g, named = by_id.get(gid), cfg.cost.gpu_models[gid] if gid < len(cfg.cost.gpu_models) else None
+        if g is not None and named is not None and named not in (g.card, g.name):
+            notes.append(
+                f"lite-verl: cost.gpu_models[{gid}] is {named!r} but GPU {gid} is {g.name!r}: the bill prices it as "
+                f"{named!r}; set cost.gpu_models (and cost.price_per_hour) or use --preset auto"
+            )
+    return notes
 
 
 def _short_of_free(plans: list[GpuPlan], gpus: Sequence[Gpu]) -> str | None:

@@ -326,7 +326,9 @@ def parse_override(item: str) -> dict[str, Any]:
         raise ConfigError(f"--set {item!r} is not key=value; write e.g. --set trainer.total_steps=10")
     key, raw = item.split("=", 1)
     key = key.strip()
-    if key not in all_keys():
+    # one entry of a mapping, its name kept whole: --set "cost.price_per_hour.RTX 4090=0.5"
+    mapping = next((k for k in _mapping_keys() if key.startswith(k + ".") and key != k + "."), None)
+    if key not in all_keys() and mapping is None:
         raise _unknown_key(key)
     try:
         value = yaml.safe_load(raw) if raw.strip() else ""
@@ -336,11 +338,22 @@ def parse_override(item: str) -> dict[str, Any]:
         value = ""
     out: dict[str, Any] = {}
     node = out
-    parts = key.split(".")
+    parts = mapping.split(".") + [key[len(mapping) + 1 :]] if mapping else key.split(".")
     for p in parts[:-1]:
         node = node.setdefault(p, {})
     node[parts[-1]] = value
     return out
+
+
+def _mapping_keys(cls: type = Config, prefix: str = "") -> list[str]:
+    """The dotted keys whose value is a mapping (cost.price_per_hour): --set can add or change one entry."""
+    keys = []
+    for name, tp in _hints(cls).items():
+        if dataclasses.is_dataclass(tp):
+            keys.extend(_mapping_keys(tp, f"{prefix}{name}."))  # type: ignore[arg-type]
+        elif typing.get_origin(tp) is dict:
+            keys.append(f"{prefix}{name}")
+    return keys
 
 
 def read_yaml(path: str | Path, what: str) -> dict[str, Any]:

@@ -342,7 +342,8 @@ def _check_cost(cfg: Config) -> None:
         model = c.gpu_models[gpu]
         if model not in c.price_per_hour:
             raise ConfigError(
-                f"cost.price_per_hour has no price for GPU model {model!r}; add cost.price_per_hour.{model}"
+                f"cost.price_per_hour has no price for GPU model {model!r}; add one in USD per GPU-hour, "
+                f"e.g. --set 'cost.price_per_hour.{model}=0.0'"
             )
 
 

@@ -191,6 +191,26 @@ def test_topology_check_names_the_missing_gpu_and_the_short_card():
         check_topology(load_config("4090x1", None, ["trainer.plan_check=false"]), QWEN_1_5B, [])
 
 
+def test_a_preset_on_another_card_says_the_bill_uses_the_presets_card(capsys):
+    from lite_verl.auto import priced_as_another_card
+
+    h200 = machine(1, "NVIDIA H200", 139.8)
+    notes = priced_as_another_card(load_config("4090x1"), h200)
+    assert notes == [
+        "lite-verl: cost.gpu_models[0] is 'RTX 4090' but GPU 0 is 'NVIDIA H200': the bill prices it as "
+        "'RTX 4090'; set cost.gpu_models (and cost.price_per_hour) or use --preset auto"
+    ]
+    assert priced_as_another_card(load_config("4090x1"), RTX4090x1) == []  # the card it names
+    assert (
+        priced_as_another_card(
+            load_config("4090x1", None, ["cost.gpu_models=[H200]", "cost.price_per_hour.H200=3.5"]), h200
+        )
+        == []
+    )
+    check_topology(load_config("4090x1", None, ["trainer.plan_check=false"]), QWEN_1_5B, h200)
+    assert "prices it as 'RTX 4090'" in capsys.readouterr().err  # said, and the run goes ahead
+
+
 def test_preset_names_and_errors_mention_auto():
     from lite_verl.preset_files import preset_path
 

@@ -35,6 +35,19 @@ def test_unknown_key_names_nearest():
         parse_override("lr=3")
 
 
+def test_set_adds_one_entry_of_a_mapping():
+    cfg = load_config("4090x1", None, ["cost.price_per_hour.RTX 4090=0.5", "cost.price_per_hour.H200=3.5"])
+    assert cfg.cost.price_per_hour == {"RTX 4090": 0.5, "H200": 3.5, "cpu": 0.0}  # the preset's others kept
+    with pytest.raises(ConfigError, match=r"cost.price_per_hour.H200 must be a float"):
+        load_config("4090x1", None, ["cost.price_per_hour.H200=abc"])
+    with pytest.raises(
+        ConfigError, match=r"no price for GPU model 'H200'.*--set 'cost.price_per_hour.H200=0.0'"
+    ):
+        load_config("4090x1", None, ["cost.gpu_models=[H200]"])
+    with pytest.raises(ConfigError, match="unknown config key 'cost.price_per_hour.'"):
+        parse_override("cost.price_per_hour.=1")
+
+
 def test_unknown_key_in_file(tmp_path):
     f = tmp_path / "c.yaml"
     f.write_text("rollout:\n  temprature: 0.7\n")
