@@ -93,6 +93,12 @@ def run_variant(backend: str, size: str, args: argparse.Namespace, cmd: str) -> 
         "plan_error_pct": (100 * (plan_gib - peak) / peak if peak else float("nan"), "%"),
         "step_time_median_s": (statistics.median(r["timing/step_s"] for r in train), "s"),
         "update_time_median_s": (statistics.median(r["timing/update_s"] for r in train), "s"),
+        # parts of the update: the no-grad forwards (reference), and clipping + AdamW (on the host when offloaded)
+        "experience_time_median_s": (
+            statistics.median(r.get("timing/experience_s", 0.0) for r in train),
+            "s",
+        ),
+        "optimizer_time_median_s": (statistics.median(r.get("timing/optimizer_s", 0.0) for r in train), "s"),
         "process_wall_s": (wall, "s"),
     }
     for metric, (value, unit) in figures.items():

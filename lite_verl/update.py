@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 import sys
+import time
 from collections import defaultdict
 from collections.abc import Callable
 from typing import TypeVar
@@ -235,10 +236,12 @@ def run_update(
 ) -> dict[str, float]:
     """One step's update on every rank alike: experience, then the critic's and the actor's updates."""
     a = cfg.algorithm
+    t0 = _clock(backend)
     exp, metrics = make_experience(
         backend, batch.rollout, batch.scores, batch.group_ids.tolist(), a, kl_ctrl, micro,
         cfg.rollout.temperature, batch.baselines, ranks,
     )  # fmt: skip
+    metrics["timing/experience_s"] = _clock(backend) - t0  # the no-grad forwards: old, reference, values
     rows_per_mini = (a.ppo_mini_batch_size or cfg.trainer.batch_size) * cfg.rollout.n
     if exp.values is not None:
         metrics.update(critic_update(backend, exp, a, cfg.critic, rows_per_mini, micro, ranks))
@@ -266,9 +269,13 @@ def ppo_update(
 ) -> dict[str, float]:
     """cfg.ppo_epochs passes; one optimizer step per mini-batch; gradient accumulation over micro-batches."""
     backend.train_mode(True)
+    optimizer_s = 0.0
 
     def step(out: dict[str, float]) -> dict[str, float]:
+        nonlocal optimizer_s
+        t0 = _clock(backend)
         norm = backend.step()
+        optimizer_s += _clock(backend) - t0
         ok = math.isfinite(norm) and math.isfinite(out["actor/loss"])
         return {"actor/grad_norm": norm, "actor/skipped_step": 0.0 if ok else 1.0}
 
@@ -277,7 +284,17 @@ def ppo_update(
         lambda mb, m, norm: _actor_grads(backend, mb, cfg, m, temperature, norm), step,
     )  # fmt: skip
     out["actor/skipped_step"] = float(out["actor/skipped_step"] > 0)
+    # clipping and the optimizer step(s), summed: with offloaded state, the host's share of the update
+    out["timing/optimizer_s"] = optimizer_s
     return out
+
+
+def _clock(backend) -> float:
+    """Seconds, after the backend's GPU has finished what was queued (a timing split that means what it says)."""
+    device = getattr(backend, "device", None)
+    if isinstance(device, torch.device) and device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return time.perf_counter()
 
 
 Norm = dict[str, float]  # global_tokens, global_seqs, global_length: the whole mini-batch's (algos.agg_loss)

@@ -86,8 +86,12 @@ def test_laptop_preset_learns(tmp_path):
         "timing/rollout_s",
         "timing/reward_s",
         "timing/update_s",
+        "timing/experience_s",
+        "timing/optimizer_s",
     ]:
         assert key in row, key
+    # the update's parts are inside it
+    assert 0 < row["timing/experience_s"] + row["timing/optimizer_s"] < row["timing/update_s"]
     # the resolved config re-runs as it is
     again = cli(
         "train",
