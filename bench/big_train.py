@@ -94,11 +94,10 @@ def run_variant(backend: str, size: str, args: argparse.Namespace, cmd: str) -> 
         "step_time_median_s": (statistics.median(r["timing/step_s"] for r in train), "s"),
         "update_time_median_s": (statistics.median(r["timing/update_s"] for r in train), "s"),
         # parts of the update: the no-grad forwards (reference), and clipping + AdamW (on the host when offloaded)
-        "experience_time_median_s": (
-            statistics.median(r.get("timing/experience_s", 0.0) for r in train),
-            "s",
-        ),
-        "optimizer_time_median_s": (statistics.median(r.get("timing/optimizer_s", 0.0) for r in train), "s"),
+        **{
+            f"{part}_time_median_s": (statistics.median(r.get(f"timing/{part}_s", 0.0) for r in train), "s")
+            for part in ("experience", "optimizer")
+        },
         "process_wall_s": (wall, "s"),
     }
     for metric, (value, unit) in figures.items():

@@ -203,9 +203,8 @@ def main() -> None:
         report("lite_verl", after, ours["wall_s"], [r["reward/mean"] for r in rows], record, args.out)
         print(f"lite-verl after {args.steps} steps: {after:.4f} ({ours['wall_s']:.0f} s)", flush=True)
         curves["lite-verl"] = reward_curve(rows)
-        write_curve(
-            "gsm8k", curve_tag(args.lr), about, curves
-        )  # now, and again with TRL's: a cut run keeps lite-verl's
+        # now, and again with TRL's: a cut run keeps lite-verl's
+        write_curve("gsm8k", curve_tag(args.lr), about, curves)
     if args.only != "lite-verl":
         merged, theirs = trl(model, train, args.steps, args.lr, args.out)
         after_trl = evaluate(merged, test)

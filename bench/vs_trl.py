@@ -95,14 +95,9 @@ def lite_verl(
     k = max(len(train) // 10, 1)
     out = {"tokens_per_s": (gen + trained) / wall, "step_s": statistics.median(r["timing/step_s"] for r in train),
            "reward_last_10pct": statistics.mean(r["reward/mean"] for r in train[-k:]), "wall_s": wall}  # fmt: skip
-    for phase in (
-        "rollout",
-        "update",
-        "experience",
-        "optimizer",
-        "sync",
-    ):  # where a step's time goes (medians;
-        # experience (the no-grad forwards) and optimizer (clip + step) are parts of update)
+    # where a step's time goes (medians); experience (the no-grad forwards) and optimizer (clip + step)
+    # are parts of update
+    for phase in ("rollout", "update", "experience", "optimizer", "sync"):
         out[f"{phase}_s"] = statistics.median(r.get(f"timing/{phase}_s", 0.0) for r in train)
     if gpu:
         out["peak_gpu_memory_gib"] = mem.peak_gib

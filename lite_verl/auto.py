@@ -143,8 +143,11 @@ def check_topology(cfg: Config, shape: Shape, gpus: Sequence[Gpu]) -> None:
 def _missing(cfg: Config, gpus: Sequence[Gpu]) -> str | None:
     ids = sorted(g.id for g in gpus)
     have = f"GPU ids {ids}" if ids else "no CUDA GPU"
-    reward = (int(cfg.reward.device[5:]),) if cfg.reward.device.startswith("cuda:") else ()
-    roles = (("rollout.gpus", cfg.rollout.gpus), ("train.gpus", cfg.train.gpus), ("reward.device", reward))
+    roles = (
+        ("rollout.gpus", cfg.rollout.gpus),
+        ("train.gpus", cfg.train.gpus),
+        ("reward.device", cfg.reward_gpus),
+    )
     for key, used in roles:
         for g in used:
             if g not in ids:
@@ -156,8 +159,7 @@ def priced_as_another_card(cfg: Config, gpus: Sequence[Gpu]) -> list[str]:
     """One line per used GPU whose cost.gpu_models entry names another card than the one detected (a
     4090 preset run on an H200): the run goes ahead, but the bill prices and labels it as the named card."""
     by_id, notes = {g.id: g for g in gpus}, []
-    reward = (int(cfg.reward.device[5:]),) if cfg.reward.device.startswith("cuda:") else ()
-    for gid in sorted({*cfg.rollout.gpus, *cfg.train.gpus, *reward}):
+    for gid in cfg.used_gpus:
         g, named = by_id.get(gid), cfg.cost.gpu_models[gid] if gid < len(cfg.cost.gpu_models) else None
         if g is not None and named is not None and named not in (g.card, g.name):
             notes.append(

@@ -197,6 +197,17 @@ class Config:
         """The longest sequence a run generates and trains on: the prompt limit plus the response limit."""
         return self.data.max_prompt_length + self.rollout.max_new_tokens
 
+    @property
+    def reward_gpus(self) -> tuple[int, ...]:
+        """The reward model's local GPU id, when it has one (reward.device=cuda:N)."""
+        d = self.reward.device
+        return (int(d[5:]),) if d.startswith("cuda:") else ()
+
+    @property
+    def used_gpus(self) -> list[int]:
+        """The distinct local GPU ids the config uses (rollout, train, reward model), in order."""
+        return sorted({*self.rollout.gpus, *self.train.gpus, *self.reward_gpus})
+
     def validate(self) -> Config:
         from lite_verl.validation import validate_config
 

@@ -108,14 +108,6 @@ def job_name(stem: str) -> str:
 # ----------------------------------------------------------------------------------------------------
 
 
-def gpu_ids(cfg: Config) -> list[int]:
-    """The distinct local GPU ids the config uses (rollout, train, reward model), in order."""
-    used = set(cfg.rollout.gpus) | set(cfg.train.gpus)
-    if cfg.reward.device.startswith("cuda:"):
-        used.add(int(cfg.reward.device[5:]))
-    return sorted(used)
-
-
 def pod_config(cfg: Config) -> tuple[Config, list[Staged], dict[str, str]]:
     """(config for the pod, what to copy onto the volumes, extra ConfigMap files)."""
     staged: list[Staged] = []
@@ -161,7 +153,7 @@ def _read(path: str, what: str) -> str:
 
 def _renumber_gpus(cfg: Config) -> Config:
     """The pod sees its k GPUs as 0..k-1: map the config's ids (and their cost.gpu_models) onto those."""
-    ids = gpu_ids(cfg)
+    ids = cfg.used_gpus
     new = {old: i for i, old in enumerate(ids)}
     device = cfg.reward.device
     if device.startswith("cuda:"):
@@ -218,7 +210,7 @@ def manifests(cfg: Config, opts: JobOptions) -> tuple[list[dict[str, Any]], list
         "apiVersion": "batch/v1",
         "kind": "Job",
         "metadata": meta,
-        "spec": _job_spec(opts, volumes, len(gpu_ids(cfg))),
+        "spec": _job_spec(opts, volumes, len(cfg.used_gpus)),
     }
     return [config_map, job], staged
 

@@ -247,8 +247,8 @@ def run_update(
         metrics.update(critic_update(backend, exp, a, cfg.critic, rows_per_mini, micro, ranks))
     if batch.step > cfg.critic.warmup_steps or exp.values is None:
         metrics.update(ppo_update(backend, exp, a, rows_per_mini, micro, cfg.rollout.temperature, ranks))
-    device = getattr(backend, "device", None)
-    if ranks.world > 1 and isinstance(device, torch.device) and device.type == "cuda":
+    device = _cuda(backend)
+    if ranks.world > 1 and device is not None:
         # every rank's peak so far (rank 0 resets its own each step): the bill and the plan need them all
         peak = torch.tensor([torch.cuda.max_memory_allocated(device) / 2**30], dtype=torch.float64)
         metrics.update({f"perf/train_peak_gib_rank{r}": float(v) for r, v in enumerate(ranks.gather(peak))})
@@ -289,10 +289,15 @@ def ppo_update(
     return out
 
 
+def _cuda(backend) -> torch.device | None:
+    """The backend's GPU, None when it computes on the CPU."""
+    device = getattr(backend, "device", None)
+    return device if isinstance(device, torch.device) and device.type == "cuda" else None
+
+
 def _clock(backend) -> float:
     """Seconds, after the backend's GPU has finished what was queued (a timing split that means what it says)."""
-    device = getattr(backend, "device", None)
-    if isinstance(device, torch.device) and device.type == "cuda":
+    if (device := _cuda(backend)) is not None:
         torch.cuda.synchronize(device)
     return time.perf_counter()
 

@@ -330,10 +330,7 @@ def _check_cost(cfg: Config) -> None:
     for model, price in c.price_per_hour.items():
         if price < 0:
             raise ConfigError(f"cost.price_per_hour.{model}={price} must be >= 0")
-    used = set(cfg.rollout.gpus) | set(cfg.train.gpus)
-    if cfg.reward.device.startswith("cuda:"):
-        used.add(int(cfg.reward.device[5:]))
-    for gpu in sorted(used):
+    for gpu in cfg.used_gpus:
         if gpu >= len(c.gpu_models):
             raise ConfigError(
                 f"GPU {gpu} is used but cost.gpu_models lists only {len(c.gpu_models)} GPU(s); "
@@ -363,9 +360,7 @@ def _check_not_built(cfg: Config) -> None:
 
 def check_environment(cfg: Config) -> None:
     """Checks that need this machine: the GPU ids exist, the optional packages are installed."""
-    used = sorted(set(cfg.rollout.gpus) | set(cfg.train.gpus))
-    if cfg.reward.device.startswith("cuda:"):
-        used.append(int(cfg.reward.device[5:]))
+    used = cfg.used_gpus
     if used:
         import torch
 
