@@ -58,7 +58,7 @@ def predicted(sets: list[str], model: Path) -> tuple[float, str, float]:
     in GiB). The GPU side is not checked here: a 24 GB card with vLLM beside the trainer is not this
     layout, the cap is."""
     from lite_verl.config import load_config
-    from lite_verl.plan import host_gib, host_refusal, plan, shape_of
+    from lite_verl.tools.plan import host_gib, host_refusal, plan, shape_of
 
     cfg = load_config("4090x1", None, sets)
     shape = shape_of(model)

@@ -54,7 +54,7 @@ def measure(name: str, base: torch.nn.Module) -> None:
 def main() -> None:
     from transformers import AutoModelForCausalLM, Qwen2Config
 
-    from lite_verl.tiny import resolve_tiny
+    from lite_verl.model.tiny import resolve_tiny
 
     measure("tiny:qwen2 (fp32)", AutoModelForCausalLM.from_pretrained(resolve_tiny("tiny:qwen2")))
     config = Qwen2Config(**QWEN25_05B)

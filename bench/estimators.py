@@ -16,7 +16,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from results import REPORT, append, render  # noqa: E402
 
-from lite_verl.validation import ADV_ESTIMATORS as ESTIMATORS  # noqa: E402
+from lite_verl.config.validation import ADV_ESTIMATORS as ESTIMATORS  # noqa: E402
 
 
 def main(names: list[str]) -> None:

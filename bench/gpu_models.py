@@ -17,7 +17,7 @@ def make_model(size: str, root: Path) -> Path:
     import torch
     from transformers import AutoModelForCausalLM, Qwen2Config
 
-    from lite_verl.tiny import train_tokenizer
+    from lite_verl.model.tiny import train_tokenizer
 
     out = root / f"qwen2.5-{size}-random"
     if (out / "config.json").is_file():
@@ -45,7 +45,7 @@ def bench_model(size: str, root: Path) -> tuple[Path, str]:
 
     if torch.cuda.is_available():
         return make_model(size, root), f"Qwen2.5-{size} shape (random, bf16)"
-    from lite_verl.tiny import make_tiny_model
+    from lite_verl.model.tiny import make_tiny_model
 
     out = root / "tiny-qwen2"
     if not (out / "config.json").is_file():

@@ -32,7 +32,7 @@ REWARD = Path(__file__).resolve().parent / "gsm8k_reward.py"
 
 def prepare(gguf: Path, data: Path, out: Path) -> tuple[Path, Path, Path]:
     from lite_verl.data.gsm8k import convert_gsm8k
-    from lite_verl.gguf_import import import_gguf
+    from lite_verl.model.gguf import import_gguf
 
     model = Path("/tmp/models") / gguf.stem
     if not (model / "config.json").is_file():
@@ -64,7 +64,7 @@ def _eval_main(model: Path, test: Path) -> None:
     from transformers import AutoTokenizer
     from vllm import LLM, SamplingParams
 
-    from lite_verl.rewards import gsm8k_score
+    from lite_verl.reward.rules import gsm8k_score
 
     rows = [json.loads(x) for x in test.read_text().splitlines() if x.strip()]
     tok = AutoTokenizer.from_pretrained(model)

@@ -4,7 +4,7 @@ gets a learning signal. Accuracy is always measured by the strict rule alone."""
 
 from __future__ import annotations
 
-from lite_verl.rewards import gsm8k_score
+from lite_verl.reward.rules import gsm8k_score
 
 
 def compute_score(data_source, solution_str, ground_truth, extra_info=None):

@@ -25,11 +25,11 @@ def measure(model: Path, mode: str, lr: float, quantized: str = "none", group: i
     import torch
 
     from lite_verl.config import load_config
-    from lite_verl.cost import Ledger
     from lite_verl.data.loader import PromptSampler
     from lite_verl.loop import prepare, train_step
     from lite_verl.rollout.base import SamplingSettings
     from lite_verl.rollout.vllm_engine import fixed_response_gap
+    from lite_verl.run.cost import Ledger
 
     gpu = ["model.dtype=bfloat16", "train.gpus=[0]", "rollout.gpus=[0]", "rollout.gpu_memory_utilization=0.3"]
     cfg = load_config("laptop", None, [
@@ -71,7 +71,7 @@ def main() -> None:
 
     model = args.model
     if args.gguf is not None:
-        from lite_verl.gguf_import import import_gguf
+        from lite_verl.model.gguf import import_gguf
 
         model = Path("/tmp/models") / args.gguf.stem
         if not (model / "config.json").is_file():

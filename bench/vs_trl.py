@@ -114,8 +114,8 @@ def trl(model: str, steps: int, s: Shared, gpu: bool, seed: int = 0) -> dict[str
 
     from lite_verl.config import ModelConfig
     from lite_verl.data.tasks import task_rows
-    from lite_verl.model import resolve_model_path
-    from lite_verl.rewards import echo_score
+    from lite_verl.model.load import resolve_model_path
+    from lite_verl.reward.rules import echo_score
 
     path = resolve_model_path(ModelConfig(path=model))
     rows = task_rows("echo", s.prompts * steps, seed, "train")

@@ -27,9 +27,9 @@ from typing import TYPE_CHECKING, TextIO
 from lite_verl.errors import UserError
 
 if TYPE_CHECKING:
-    from lite_verl.auto import Gpu
     from lite_verl.config import Config
-    from lite_verl.plan import Shape
+    from lite_verl.tools.auto import Gpu
+    from lite_verl.tools.plan import Shape
 
 EPILOG = "Docs: README.md. Config keys: `lite-verl validate --keys`. Presets: `lite-verl presets`."
 
@@ -240,9 +240,9 @@ def _quiet_libraries() -> None:
 
 
 def cmd_train(args: argparse.Namespace) -> int:
+    from lite_verl.config.validation import check_environment
     from lite_verl.loop import load_run_config, prepare, run_training
-    from lite_verl.rundir import RunDir, default_run_dir
-    from lite_verl.validation import check_environment
+    from lite_verl.run.rundir import RunDir, default_run_dir
 
     if args.resume:
         if args.config or args.run_dir:
@@ -279,7 +279,8 @@ def _after_failure(path: Path, checkpoint: bool, error: BaseException) -> None:
     """A run that stopped with an error: with a checkpoint, say how to resume; with finished steps but no
     checkpoint, keep its metrics and logs and write RUN/FAILED (what stopped it); with nothing done, leave
     no run directory behind."""
-    from lite_verl.rundir import atomic_write_text, read_metrics
+    from lite_verl.run.files import atomic_write_text
+    from lite_verl.run.rundir import read_metrics
 
     if checkpoint:
         print(f"lite-verl: resume with: lite-verl train --resume {path}", file=sys.stderr)
@@ -300,11 +301,11 @@ def _load(
     """The config of --preset/--config/--set, and the detected GPUs (None unless --preset auto, which detects
     them, chooses, and prints why to `out`, stdout by default)."""
     from lite_verl.config import load_config
-    from lite_verl.preset_files import AUTO
+    from lite_verl.config.presets import AUTO
 
     if args.preset != AUTO:
         return load_config(args.preset, args.config, args.sets), None
-    from lite_verl.auto import choose, detect
+    from lite_verl.tools.auto import choose, detect
 
     choice = choose(detect(), args.config, args.sets, shape)
     for line in choice.lines:
@@ -315,9 +316,9 @@ def _load(
 def _check_plan(cfg: Config, gpus: list[Gpu] | None = None) -> None:
     """Before anything loads: the plan fits every card, and the cards exist with that much memory free now
     (the GPUs are detected here unless --preset auto already did)."""
-    from lite_verl.auto import card_sizes, check_topology, detect
-    from lite_verl.model import resolve_model_path
-    from lite_verl.plan import check_plan, shape_of
+    from lite_verl.model.load import resolve_model_path
+    from lite_verl.tools.auto import card_sizes, check_topology, detect
+    from lite_verl.tools.plan import check_plan, shape_of
 
     if not (cfg.rollout.gpus or cfg.train.gpus):
         return
@@ -328,9 +329,9 @@ def _check_plan(cfg: Config, gpus: list[Gpu] | None = None) -> None:
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
-    from lite_verl.auto import MODEL_SHAPES, card_sizes
-    from lite_verl.model import resolve_model_path
-    from lite_verl.plan import format_plan, plan, shape_of
+    from lite_verl.model.load import resolve_model_path
+    from lite_verl.tools.auto import MODEL_SHAPES, card_sizes
+    from lite_verl.tools.plan import format_plan, plan, shape_of
 
     shape = None
     if args.model_shape:
@@ -347,7 +348,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
     import yaml
 
     from lite_verl.config import describe, to_dict
-    from lite_verl.validation import check_environment
+    from lite_verl.config.validation import check_environment
 
     if args.keys:
         for key, comment in describe():
@@ -362,7 +363,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
 
 
 def cmd_presets(args: argparse.Namespace) -> int:
-    from lite_verl.preset_files import AUTO, preset_names, preset_path
+    from lite_verl.config.presets import AUTO, preset_names, preset_path
 
     print(
         f"{AUTO:<10} lite-verl train --preset auto --set model.path=DIR  (detects the GPUs, picks what fits)"
@@ -375,7 +376,7 @@ def cmd_presets(args: argparse.Namespace) -> int:
 
 
 def cmd_make_tiny(args: argparse.Namespace) -> int:
-    from lite_verl.tiny import TinySpec, make_tiny_model
+    from lite_verl.model.tiny import TinySpec, make_tiny_model
 
     out = make_tiny_model(args.dir, TinySpec(arch=args.arch, seed=args.seed))
     print(f"wrote a random-init {args.arch} model and its tokenizer to {out}")
@@ -391,7 +392,7 @@ def cmd_prepare_gsm8k(args: argparse.Namespace) -> int:
 
 
 def cmd_import_gguf(args: argparse.Namespace) -> int:
-    from lite_verl.gguf_import import import_gguf
+    from lite_verl.model.gguf import import_gguf
 
     out = import_gguf(args.gguf, args.dir, args.dtype)
     print(f"wrote a Hugging Face model directory to {out}")
@@ -399,7 +400,7 @@ def cmd_import_gguf(args: argparse.Namespace) -> int:
 
 
 def cmd_quantize(args: argparse.Namespace) -> int:
-    from lite_verl.export import quantize_command
+    from lite_verl.tools.export import quantize_command
 
     out = quantize_command(args.model, args.out, args.calib, args.group_size, args.max_prompts)
     print(f"wrote an AWQ 4-bit model to {out} (use it as rollout.quantized_path, or serve it with vLLM)")
@@ -407,14 +408,14 @@ def cmd_quantize(args: argparse.Namespace) -> int:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    from lite_verl.report import report
+    from lite_verl.tools.report import report
 
     print(report(args.run, plots=not args.no_plots))
     return 0
 
 
 def cmd_export(args: argparse.Namespace) -> int:
-    from lite_verl.export import export_run
+    from lite_verl.tools.export import export_run
 
     out = export_run(args.run, args.out, args.format)
     print(f"wrote the trained policy ({args.format}) to {out}")
@@ -445,8 +446,8 @@ def _load_source(args: argparse.Namespace):
 
 
 def cmd_export_verl(args: argparse.Namespace) -> int:
-    from lite_verl.verl_export import default_layout
-    from lite_verl.verl_files import export_verl
+    from lite_verl.tools.verl_export import default_layout
+    from lite_verl.tools.verl_files import export_verl
 
     cfg, name, run = _load_source(args)
     out = Path(args.out) if args.out else (run / "verl" if run else Path(f"verl-{name}"))
@@ -462,8 +463,8 @@ def cmd_export_verl(args: argparse.Namespace) -> int:
 
 
 def cmd_k8s(args: argparse.Namespace) -> int:
-    from lite_verl.k8s import job_options, k8s_yaml
-    from lite_verl.rundir import atomic_write_text
+    from lite_verl.run.files import atomic_write_text
+    from lite_verl.tools.k8s import job_options, k8s_yaml
 
     cfg, name, _ = _load_source(args)
     text = k8s_yaml(cfg, job_options(args, name))

@@ -25,17 +25,17 @@ import torch
 
 from lite_verl.batch import UpdateBatch
 from lite_verl.config import Config
-from lite_verl.console import Progress, summary_text
-from lite_verl.cost import Ledger, bill
+from lite_verl.config.validation import train_world
 from lite_verl.data.loader import PromptSampler, PromptSet, load_prompt_sets
 from lite_verl.device import role_device
 from lite_verl.errors import UserError
-from lite_verl.rewards import RewardFn, load_reward_function, score_batch
+from lite_verl.reward.rules import RewardFn, load_reward_function, score_batch
 from lite_verl.rollout.base import SamplingSettings
-from lite_verl.rundir import MetricsLog, RunDir, read_metrics, set_rng_state
+from lite_verl.run.console import Progress, summary_text
+from lite_verl.run.cost import Ledger, bill
+from lite_verl.run.rundir import MetricsLog, RunDir, read_metrics, set_rng_state
 from lite_verl.train.group import sharded
 from lite_verl.update import MicroBatchSize, make_kl_controller, run_update
-from lite_verl.validation import train_world
 
 MAX_SKIPPED_STEPS = 5  # non-finite losses in a row before the run stops
 
@@ -102,7 +102,7 @@ class Session:
 
 def prepare(cfg: Config) -> Session:
     """Load model, tokenizer, data and reward function; raises UserError before anything is written."""
-    from lite_verl.model import load_tokenizer, resolve_model_path
+    from lite_verl.model.load import load_tokenizer, resolve_model_path
 
     cfg = resolve_auto(cfg)
     torch.manual_seed(cfg.trainer.seed)
@@ -123,7 +123,7 @@ def prepare(cfg: Config) -> Session:
     kl_ctrl = make_kl_controller(cfg.algorithm)
     worker = None
     if cfg.reward.function and cfg.reward.isolate:
-        from lite_verl.reward_worker import RewardWorker
+        from lite_verl.reward.worker import RewardWorker
 
         w = cfg.reward
         worker = RewardWorker(w.function, w.timeout_s, w.on_error, w.default_score)
@@ -131,7 +131,7 @@ def prepare(cfg: Config) -> Session:
     session = Session(cfg, tokenizer, backend, engine, train_set, val_set, reward_fn, kl_ctrl, worker, micro)
     session.group = group
     if cfg.reward.model:
-        from lite_verl.reward_model import OnDemandRewardModel
+        from lite_verl.reward.model import OnDemandRewardModel
 
         session.reward_model = OnDemandRewardModel(
             Path(cfg.reward.model), cfg.reward.device, cfg.reward.keep_alive_s
@@ -218,7 +218,7 @@ def score(
             session.reward_model.score([r.messages for r in rows], texts), dtype=torch.float32
         )
     if w.url:
-        from lite_verl.reward_model import score_remote
+        from lite_verl.reward.model import score_remote
 
         items = [{"data_source": r.data_source, "solution_str": t, "ground_truth": r.ground_truth,
                   "extra_info": r.extra_info} for r, t in zip(rows, texts)]  # fmt: skip
@@ -456,7 +456,7 @@ def _finish(session: Session, run: RunDir, ledger: Ledger) -> dict[str, Any]:
         "bill": [vars(b) for b in bill(ledger, session.cfg)],
         "on_demand_held_s": dict(ledger.on_demand),  # device -> seconds a reward model was loaded there
     }
-    from lite_verl.rundir import atomic_write_text
+    from lite_verl.run.files import atomic_write_text
 
     atomic_write_text(run.path / "summary.json", json.dumps(summary, indent=2))
     print(summary_text(summary, bill(ledger, session.cfg)), flush=True)

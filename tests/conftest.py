@@ -31,7 +31,7 @@ def _offline_cache(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def tiny_dir(_offline_cache) -> Path:
-    from lite_verl.tiny import resolve_tiny
+    from lite_verl.model.tiny import resolve_tiny
 
     return resolve_tiny("tiny:qwen2")
 

@@ -8,10 +8,10 @@ import json
 import pytest
 import yaml
 
-from lite_verl import plan as planner
-from lite_verl.auto import MODEL_SHAPES, Gpu, card_name, check_topology, choose, plan_on
 from lite_verl.config import load_config, to_dict
 from lite_verl.errors import ConfigError
+from lite_verl.tools import plan as planner
+from lite_verl.tools.auto import MODEL_SHAPES, Gpu, card_name, check_topology, choose, plan_on
 
 QWEN_1_5B, QWEN_7B = MODEL_SHAPES["1.5b"], MODEL_SHAPES["7b"]
 
@@ -192,7 +192,7 @@ def test_topology_check_names_the_missing_gpu_and_the_short_card():
 
 
 def test_a_preset_on_another_card_says_the_bill_uses_the_presets_card(capsys):
-    from lite_verl.auto import priced_as_another_card
+    from lite_verl.tools.auto import priced_as_another_card
 
     h200 = machine(1, "NVIDIA H200", 139.8)
     notes = priced_as_another_card(load_config("4090x1"), h200)
@@ -212,7 +212,7 @@ def test_a_preset_on_another_card_says_the_bill_uses_the_presets_card(capsys):
 
 
 def test_preset_names_and_errors_mention_auto():
-    from lite_verl.preset_files import preset_path
+    from lite_verl.config.presets import preset_path
 
     with pytest.raises(ConfigError, match="did you mean 'auto'.*available: auto, "):
         preset_path("atuo")
@@ -232,8 +232,8 @@ def test_plan_command_with_auto_on_a_cpu_machine(capsys, monkeypatch):
 
 
 def test_plan_command_with_auto_on_a_fake_4090(capsys, monkeypatch):
-    from lite_verl import auto
     from lite_verl.cli import main
+    from lite_verl.tools import auto
 
     monkeypatch.setattr(auto, "detect", lambda: RTX4090x1)
     assert main(["plan", "--preset", "auto", "--model-shape", "7b", "--set", "train.micro_batch_size=4"]) == 0

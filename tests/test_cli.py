@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from conftest import SHARED_GSM8K
 
-from lite_verl.rundir import read_metrics
+from lite_verl.run.rundir import read_metrics
 
 FAST = [
     "--set",
@@ -267,7 +267,7 @@ def test_export_merges_the_trained_adapter(tmp_path):
     from transformers import AutoModelForCausalLM
 
     from lite_verl.loop import load_run_config
-    from lite_verl.model import resolve_model_path
+    from lite_verl.model.load import resolve_model_path
 
     base_path = resolve_model_path(load_run_config(tmp_path / "run", []).model)
     ckpt = sorted((tmp_path / "run" / "checkpoints").iterdir())[-1]
@@ -286,7 +286,7 @@ def test_export_merges_the_trained_adapter(tmp_path):
     importlib.util.find_spec("awq") is None, reason="autoawq is not installed: pip install 'lite-verl[awq]'"
 )
 def test_quantize_cli_writes_a_vllm_awq_model_with_its_recipe(tmp_path):
-    from lite_verl.tiny import resolve_tiny
+    from lite_verl.model.tiny import resolve_tiny
 
     out = cli(
         "quantize",
@@ -327,7 +327,7 @@ def test_report_prints_the_bill_and_writes_png_plots(tmp_path):
 
 def test_what_if_prices_the_other_placement():
     from lite_verl.config import load_config
-    from lite_verl.report import what_if
+    from lite_verl.tools.report import what_if
 
     rows = [
         {"timing/rollout_s": 2.0, "timing/reward_s": 0.5, "timing/update_s": 3.0, "timing/sync_s": 0.1}

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from lite_verl.config import all_keys, load_config, parse_override
+from lite_verl.config.presets import preset_names
 from lite_verl.errors import ConfigError
-from lite_verl.preset_files import preset_names
 
 GPU_PRESETS = ["4090x1", "4090x4", "3090x2", "a10x4"]
 
@@ -82,7 +82,7 @@ def test_unknown_preset():
 
 
 def test_every_preset_has_a_header_and_price():
-    from lite_verl.preset_files import preset_path
+    from lite_verl.config.presets import preset_path
 
     assert set(GPU_PRESETS + ["laptop"]) <= set(preset_names())
     for name in preset_names():
@@ -110,7 +110,7 @@ def test_gpu_preset_geometry_is_valid_apart_from_unbuilt_parts():
 def test_presets_do_not_change_the_maths():
     """Rule 7: a preset sets where/how, never batch sizes, losses or seeds."""
     from lite_verl.config import read_yaml
-    from lite_verl.preset_files import preset_path
+    from lite_verl.config.presets import preset_path
 
     for name in preset_names():
         data = read_yaml(preset_path(name), name)
@@ -137,7 +137,7 @@ def test_placement_checks():
 def test_environment_check_rejects_missing_gpus():
     from conftest import has_cuda
 
-    from lite_verl.validation import check_environment
+    from lite_verl.config.validation import check_environment
 
     if has_cuda():
         pytest.skip("this machine has a GPU")
@@ -147,7 +147,7 @@ def test_environment_check_rejects_missing_gpus():
 
 
 def test_bill_charges_a_shared_gpu_once():
-    from lite_verl.cost import Ledger, bill
+    from lite_verl.run.cost import Ledger, bill
 
     cfg = load_config("4090x1", None, ["rollout.engine=hf", "rollout.quantization=none"])
     ledger = Ledger.from_config(cfg)

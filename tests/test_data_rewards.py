@@ -11,7 +11,7 @@ from lite_verl.data.loader import PromptSampler
 from lite_verl.data.schema import load_rows, parse_row
 from lite_verl.data.tasks import echo_rows, task_rows
 from lite_verl.errors import DataError, RewardError
-from lite_verl.rewards import (
+from lite_verl.reward.rules import (
     default_compute_score,
     echo_score,
     gsm8k_extract,

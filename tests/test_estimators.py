@@ -10,7 +10,7 @@ from conftest import SMALL
 
 from lite_verl.config import load_config
 from lite_verl.loop import prepare, run_training
-from lite_verl.rundir import RunDir, read_metrics
+from lite_verl.run.rundir import RunDir, read_metrics
 
 
 def _run(tmp_path, overrides: list[str], steps: int) -> list[dict]:

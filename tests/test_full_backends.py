@@ -37,7 +37,7 @@ def _cfg(backend: str, *extra: str):
 
 
 def _backend(backend: str, *extra: str):
-    from lite_verl.model import resolve_model_path
+    from lite_verl.model.load import resolve_model_path
     from lite_verl.train.full import build_full_backend
     from lite_verl.train.group import rank_device
 
@@ -82,7 +82,7 @@ def _plain_log_probs(model) -> torch.Tensor:
 
 def _plain_train(cfg, steps: int):
     """The reference: the same HF model, unwrapped, full precision, torch AdamW, clipping by norm."""
-    from lite_verl.model import load_model, resolve_model_path
+    from lite_verl.model.load import load_model, resolve_model_path
 
     model = load_model(resolve_model_path(cfg.model), cfg.model, torch.device("cpu"))
     model.train()
@@ -202,7 +202,7 @@ def test_reference_is_the_initial_policy_loaded_on_first_use():
 def test_fp32_head_on_a_bf16_model_matches_the_lora_backends_reference():
     """model.dtype=bfloat16: fp32 masters, bf16 compute, the head in fp32 (train/head.py) -- the same
     numbers as the LoRA backend's base with its adapter off."""
-    from lite_verl.model import load_model, resolve_model_path
+    from lite_verl.model.load import load_model, resolve_model_path
     from lite_verl.train.full import LogProbHead
     from lite_verl.train.lora import LoraBackend
 
@@ -412,12 +412,12 @@ def test_merged_sync_makes_vllm_serve_the_trained_weights(tied):
     responses as the trainer does."""
     from conftest import has_cuda
 
-    from lite_verl.cost import Ledger
     from lite_verl.data.loader import PromptSampler
     from lite_verl.loop import prepare, train_step
+    from lite_verl.model.tiny import resolve_tiny
     from lite_verl.rollout.base import SamplingSettings
     from lite_verl.rollout.vllm_engine import fixed_response_gap
-    from lite_verl.tiny import resolve_tiny
+    from lite_verl.run.cost import Ledger
 
     model = resolve_tiny("tiny:qwen2", tie_embeddings=tied)
     gpu = GPU if has_cuda() else []
@@ -551,8 +551,8 @@ def test_gpu_steps_match_plain_adamw_and_offload_keeps_the_state_on_the_host(bac
 def test_gpu_offload_takes_the_training_state_off_the_card(backend):
     """A 117M-parameter model (8 layers of width 1024), bf16 compute: the peak GPU memory of one step
     with and without offload, next to lite-verl plan's prediction of the static part."""
-    from lite_verl.plan import GIB, shape_of, train_parts
-    from lite_verl.tiny import resolve_tiny
+    from lite_verl.model.tiny import resolve_tiny
+    from lite_verl.tools.plan import GIB, shape_of, train_parts
 
     model = resolve_tiny("tiny:qwen2", hidden_size=1024, num_layers=8, intermediate_size=4096, num_heads=32,
                          num_kv_heads=8, init_std=0.02)  # fmt: skip
@@ -647,7 +647,7 @@ def test_fsdp_with_bf16_optimizer_state_trains_like_fp32_state():
 
 def test_bf16_optimizer_state_is_planned_and_refused_elsewhere():
     from lite_verl.errors import ConfigError
-    from lite_verl.plan import Shape, host_parts
+    from lite_verl.tools.plan import Shape, host_parts
 
     shape = Shape(3584, 18944, 28, 28, 4, 152064, False)  # Qwen2.5-7B
     sets = ("train.offload_params=true", "train.offload_optimizer=true")

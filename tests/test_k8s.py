@@ -17,7 +17,7 @@ import yaml
 
 from lite_verl.cli import main
 from lite_verl.config import from_dict
-from lite_verl.k8s import job_name, run_script
+from lite_verl.tools.k8s import job_name, run_script
 
 IMAGE = "registry.example.com/team/lite-verl:0.1"
 

@@ -8,7 +8,7 @@ import pytest
 
 from lite_verl.config import load_config
 from lite_verl.errors import ConfigError
-from lite_verl.plan import GATHERED, GIB, REDUCE, Shape, check_plan, plan, train_parts
+from lite_verl.tools.plan import GATHERED, GIB, REDUCE, Shape, check_plan, plan, train_parts
 
 QWEN_1_5B = Shape(hidden=1536, intermediate=8960, layers=28, heads=12, kv_heads=2, vocab=151936, tied=True)
 QWEN_7B = Shape(hidden=3584, intermediate=18944, layers=28, heads=28, kv_heads=4, vocab=152064, tied=False)
@@ -63,7 +63,7 @@ def test_vllm_budget_must_hold_its_weights():
     cfg = load_config("4090x1", None, ["rollout.quantization=none"])  # a bf16 7B cannot live in 8.4 GiB
     (gpu,) = plan(cfg, QWEN_7B)
     assert gpu.vllm_weights_gib > 14 and not gpu.fits
-    from lite_verl.plan import knob
+    from lite_verl.tools.plan import knob
 
     assert "rollout.quantization=awq" in knob(cfg, gpu)
     (awq,) = plan(load_config("4090x1", None, ["train.backend=qlora"]), QWEN_7B)  # the preset serves AWQ
@@ -90,7 +90,7 @@ def test_full_fine_tuning_by_hand_and_its_offload_knobs():
     embeddings) and two decoder layers in bf16 during the update; the KL's frozen reference is a bf16
     copy. fsdp's update peaks at the larger of (gathered + activations + head) and the root's fp32
     gradient reduction at the end of backward, when nothing is gathered."""
-    from lite_verl.plan import knob
+    from lite_verl.tools.plan import knob
 
     base = ["sync.mode=merged", "rollout.quantization=none"]
     p = 1_543_569_408
@@ -160,7 +160,7 @@ def test_fsdp_offload_7b_by_hand_and_against_the_h200():
 
 
 def test_host_memory_of_offloaded_full_fine_tuning(tmp_path, monkeypatch):
-    from lite_verl import plan as plan_mod
+    from lite_verl.tools import plan as plan_mod
 
     (tmp_path / "config.json").write_text(json.dumps({
         "hidden_size": 3584, "intermediate_size": 18944, "num_hidden_layers": 28, "num_attention_heads": 28,
@@ -202,7 +202,7 @@ def test_trainer_memory_cap():
     (gpu,) = plan(capped, QWEN_1_5B)
     parts = train_parts(capped, QWEN_1_5B)
     assert gpu.train_alloc_gib == pytest.approx(sum(parts.values()))  # no CUDA context: PyTorch's own tensors
-    from lite_verl.plan import knob
+    from lite_verl.tools.plan import knob
 
     assert not gpu.fits and "qlora" in knob(
         capped, gpu

@@ -95,7 +95,7 @@ def test_a_checkpoint_the_disk_cannot_hold_is_one_clear_error_and_keeps_the_last
 
     from lite_verl.config import load_config
     from lite_verl.errors import UserError
-    from lite_verl.rundir import RunDir
+    from lite_verl.run.rundir import RunDir
 
     class Backend:  # what a backend's save does when the disk fills: part of a file, then an error
         fail = False

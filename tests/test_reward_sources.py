@@ -31,7 +31,7 @@ def make_reward_model(out: Path, tiny_dir: Path, num_labels: int = 1) -> Path:
 
 def _run(tmp_path, *extra):
     from lite_verl.loop import prepare, run_training
-    from lite_verl.rundir import RunDir
+    from lite_verl.run.rundir import RunDir
 
     cfg = load_config("laptop", None, [*SMALL, "trainer.total_steps=3", *extra])
     session = prepare(cfg)
@@ -53,7 +53,7 @@ def test_reward_model_is_loaded_on_demand_and_released(tmp_path, tiny_dir, keep_
 
 
 def test_on_demand_device_is_billed_while_loaded_only():
-    from lite_verl.cost import Ledger, bill
+    from lite_verl.run.cost import Ledger, bill
 
     cfg = load_config("a10x4", None, ["reward.model=", "reward.device=cuda:4"])
     ledger = Ledger.from_config(cfg)
@@ -65,7 +65,7 @@ def test_on_demand_device_is_billed_while_loaded_only():
 
 
 def test_reward_model_must_have_one_output(tmp_path, tiny_dir):
-    from lite_verl.reward_model import check_reward_model
+    from lite_verl.reward.model import check_reward_model
 
     with pytest.raises(ModelError, match="num_labels=2; a reward model needs one output"):
         check_reward_model(make_reward_model(tmp_path / "rm2", tiny_dir, num_labels=2))
@@ -110,7 +110,7 @@ class _Server:
 
 
 def test_remote_reward_retries_then_scores():
-    from lite_verl.reward_model import score_remote
+    from lite_verl.reward.model import score_remote
 
     server = _Server(fail_first=2)
     try:
@@ -125,7 +125,7 @@ def test_remote_reward_retries_then_scores():
 
 
 def test_remote_reward_timeout_is_a_clear_error_or_the_default(tmp_path):
-    from lite_verl.reward_model import score_remote
+    from lite_verl.reward.model import score_remote
 
     server = _Server(delay_s=1.0)
     try:

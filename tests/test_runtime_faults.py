@@ -7,10 +7,10 @@ import pytest
 import torch
 
 from lite_verl.config import load_config
-from lite_verl.cost import Ledger
 from lite_verl.data.loader import PromptSampler
 from lite_verl.loop import TrainingDiverged, prepare, run_training, train_step
-from lite_verl.rundir import RunDir, read_metrics
+from lite_verl.run.cost import Ledger
+from lite_verl.run.rundir import RunDir, read_metrics
 
 SMALL = ["trainer.batch_size=4", "rollout.n=4", "data.task_size=64", "data.val_size=0", "trainer.progress=false",
          "rollout.max_new_tokens=8"]  # fmt: skip

@@ -46,8 +46,8 @@ def test_rollout_log_probs_equal_trainer_log_probs():
 
 
 def _two_steps(micro: int) -> list[dict[str, float]]:
-    from lite_verl.cost import Ledger
     from lite_verl.data.loader import PromptSampler
+    from lite_verl.run.cost import Ledger
 
     cfg = load_config("laptop", None, SMALL + [f"train.micro_batch_size={micro}"])
     session = prepare(cfg)
@@ -79,8 +79,8 @@ def test_update_changes_the_policy_and_reference_stays():
         before, _ = session.backend.forward(*args)
         ref_before, _ = session.backend.forward(*args, reference=True)
     assert torch.allclose(before, ref_before)  # LoRA B starts at zero: policy == reference
-    from lite_verl.cost import Ledger
     from lite_verl.data.loader import PromptSampler
+    from lite_verl.run.cost import Ledger
 
     train_step(session, PromptSampler(64, 4, 0, True), 1, Ledger.from_config(cfg))
     with torch.no_grad():
@@ -160,7 +160,7 @@ def test_flat_file_writer_reuses_its_buffers_and_writes_current_values(tmp_path)
 )
 def test_qlora_trains_its_adapter_and_stays_near_the_full_precision_base():
     from lite_verl.loop import prepare
-    from lite_verl.tiny import resolve_tiny
+    from lite_verl.model.tiny import resolve_tiny
 
     smooth = resolve_tiny("tiny:qwen2", init_std=0.02)  # a smooth model: 4-bit error stays small
     sessions = {b: prepare(load_config("laptop", None, [*SMALL, f"model.path={smooth}", f"train.backend={b}"]))
@@ -176,8 +176,8 @@ def test_qlora_trains_its_adapter_and_stays_near_the_full_precision_base():
         lp = {b: s.backend.forward(ids, torch.ones_like(ids), 12, 1.0)[0] for b, s in sessions.items()}
     assert (lp["qlora"] - lp["lora"]).abs().mean() < 0.05  # NF4 error on a smooth model: small
     before = {n: p.detach().clone() for n, p in q.backend.model.named_parameters() if p.requires_grad}
-    from lite_verl.cost import Ledger
     from lite_verl.data.loader import PromptSampler
+    from lite_verl.run.cost import Ledger
 
     metrics = train_step(q, PromptSampler(len(q.train_set), 4, 0, True), 1, Ledger.from_config(q.cfg))
     assert all(torch.isfinite(torch.tensor(v)) for v in metrics.values() if isinstance(v, float))

@@ -38,9 +38,9 @@ def _one_step(
 ) -> tuple[dict[str, float], list[torch.Tensor]]:
     """One train_step with `ranks` CPU ranks -> (metrics, every trained tensor after it). `save`: a
     checkpoint written there and loaded back before the tensors are read (fsdp: collectives)."""
-    from lite_verl.cost import Ledger
     from lite_verl.data.loader import PromptSampler
     from lite_verl.loop import prepare, train_step
+    from lite_verl.run.cost import Ledger
 
     cfg = load_config("laptop", None, [*STEPS, f"train.cpu_ranks={ranks}", *extra])
     session = prepare(cfg)
@@ -270,7 +270,7 @@ def test_several_train_gpus_validate_for_every_backend():
 
 
 def test_the_bill_counts_every_train_gpu():
-    from lite_verl.cost import Ledger, bill
+    from lite_verl.run.cost import Ledger, bill
 
     cfg = load_config("4090x4", None, [])
     ledger = Ledger.from_config(cfg)

@@ -244,7 +244,7 @@ def test_launch_script_passes_the_overrides(tmp_path):
 
 def test_export_of_a_run_directory_goes_into_it(tmp_path):
     from lite_verl.config import load_config
-    from lite_verl.rundir import RunDir
+    from lite_verl.run.rundir import RunDir
 
     run = tmp_path / "runs" / "r1"
     run.mkdir(parents=True)
@@ -294,8 +294,8 @@ def test_cli_help_lists_the_command(tmp_path):
 
 def test_values_survive_hydras_grammar(verl_config_dir):
     """Strings that Hydra would parse as something else (spaces, commas, quotes, 'null', numbers) are quoted."""
-    from lite_verl.verl_export import Override
-    from lite_verl.verl_files import override_line
+    from lite_verl.tools.verl_export import Override
+    from lite_verl.tools.verl_files import override_line
 
     names = ["my run, 2", "it's", "null", "1e-3", "a=b", "plain-name_1.0"]
     lines = [override_line(Override("trainer.experiment_name", n), "") for n in names]

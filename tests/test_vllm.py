@@ -41,9 +41,9 @@ def _gap(session, rollout) -> float:
 
 
 def _train_one_step(session):
-    from lite_verl.cost import Ledger
     from lite_verl.data.loader import PromptSampler
     from lite_verl.loop import train_step
+    from lite_verl.run.cost import Ledger
 
     sampler = PromptSampler(len(session.train_set), 4, 0, True)
     return train_step(session, sampler, 1, Ledger.from_config(session.cfg))
@@ -173,7 +173,7 @@ def test_adapter_from_memory_serves_what_the_file_would(monkeypatch):
 def test_grpo_with_vllm_rollout_runs(tmp_path):
     from lite_verl.config import load_config
     from lite_verl.loop import prepare, run_training
-    from lite_verl.rundir import RunDir, read_metrics
+    from lite_verl.run.rundir import RunDir, read_metrics
 
     device = GPU if has_cuda() else []
     cfg = load_config("laptop", None, [*SMALL, *device, "trainer.total_steps=3"])
@@ -314,7 +314,7 @@ def test_one_step_off_policy_overlaps_rollout_with_the_update(tmp_path):
     generated while the trainer updates on batch k; TIS covers the one-update lag."""
     from lite_verl.config import load_config
     from lite_verl.loop import prepare, run_training
-    from lite_verl.rundir import RunDir, read_metrics
+    from lite_verl.run.rundir import RunDir, read_metrics
 
     cfg = load_config("laptop", None, [*SMALL, "trainer.total_steps=4", "rollout.max_staleness=1"])
     session = prepare(cfg)

@@ -119,6 +119,6 @@ def load_rows(files: tuple[str, ...] | list[str], what: str = "data.train_files"
 
 def write_jsonl(rows: list[PromptRow], path: Path) -> None:
     """Write rows in verl's schema, atomically."""
-    from lite_verl.rundir import atomic_write_text
+    from lite_verl.run.files import atomic_write_text
 
     atomic_write_text(path, "".join(json.dumps(r.to_verl()) + "\n" for r in rows))

@@ -275,7 +275,7 @@ def quantize_model(
 
     from transformers import AutoTokenizer
 
-    from lite_verl.rundir import atomic_directory
+    from lite_verl.run.files import atomic_directory
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -337,7 +337,7 @@ def check_group_size(model_dir: Path, group: int) -> None:
 
 def quantized_for_run(model_dir: Path, calib: list[list[int]], settings: AWQSettings = AWQSettings()) -> Path:
     """The cached AWQ model for (model, settings, calibration prompts); quantized on first use."""
-    from lite_verl.tiny import cache_dir
+    from lite_verl.model.tiny import cache_dir
 
     out = cache_dir() / "awq" / cache_key(model_dir, settings, calib)
     if not (out / RECIPE_FILE).is_file():

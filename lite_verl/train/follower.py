@@ -112,7 +112,7 @@ class Follower:
 
     def generate(self, args: dict, tensors: dict[str, torch.Tensor]) -> None:
         if self.engine is None:
-            from lite_verl.model import load_tokenizer
+            from lite_verl.model.load import load_tokenizer
             from lite_verl.rollout.hf import HFRolloutEngine
 
             tokenizer = load_tokenizer(self.model_dir, self.cfg.model.trust_remote_code)

@@ -332,7 +332,7 @@ def load_full_model(cfg: Config, model_dir: Path, dtype: str) -> torch.nn.Module
     """The HF model in `dtype` on the host (the sharding moves it), fp32 head and checkpointing set."""
     from dataclasses import replace
 
-    from lite_verl.model import load_model
+    from lite_verl.model.load import load_model
 
     model = load_model(model_dir, replace(cfg.model, dtype=dtype), torch.device("cpu"))
     fp32_head = cfg.model.fp32_lm_head and cfg.model.dtype != "float32"

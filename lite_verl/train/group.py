@@ -44,9 +44,9 @@ import torch
 
 from lite_verl.batch import RolloutBatch, UpdateBatch
 from lite_verl.config import Config, TrainConfig
+from lite_verl.config.validation import train_world
 from lite_verl.errors import UserError
 from lite_verl.train.dist import Ranks, barrier, broadcast_parameters, free_port, join_group
-from lite_verl.validation import train_world
 
 T = TypeVar("T")
 FAILURE_WAIT_S = 10.0  # how long the controller waits for a follower's report after a collective failed
@@ -69,7 +69,7 @@ def build_trainer(cfg: Config, model_dir: Path, device: torch.device, world: int
     """The training backend of one rank. The controller and every follower run this, in this order,
     so the collectives inside (FSDP2 / ZeRO-3 setup, the LoRA broadcast) pair up."""
     from lite_verl.device import cap_memory
-    from lite_verl.model import load_model
+    from lite_verl.model.load import load_model
     from lite_verl.train.lora import LoraBackend
 
     cap_memory(device, cfg.train.max_memory_gib)

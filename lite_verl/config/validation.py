@@ -9,7 +9,7 @@ from __future__ import annotations
 import importlib.util
 from pathlib import Path
 
-from lite_verl.config import Config
+from lite_verl.config.schema import Config
 from lite_verl.errors import ConfigError, MissingDependency
 
 DTYPES = ("float32", "bfloat16", "float16")

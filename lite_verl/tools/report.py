@@ -14,15 +14,15 @@ from pathlib import Path
 from typing import Any
 
 from lite_verl.config import Config
-from lite_verl.cost import BillRow
 from lite_verl.errors import UserError
+from lite_verl.run.cost import BillRow
 
 PHASES = ("rollout", "reward", "sleep", "update", "sync")  # sleep: a colocated vLLM freeing its memory
 
 
 def _load(run_dir: Path) -> tuple[Config, list[dict[str, Any]], dict[str, Any]]:
     from lite_verl.loop import load_run_config
-    from lite_verl.rundir import read_metrics
+    from lite_verl.run.rundir import read_metrics
 
     if not (run_dir / "summary.json").is_file():
         raise UserError(
@@ -64,7 +64,7 @@ def what_if(cfg: Config, rows: list[dict[str, Any]]) -> str:
 
 
 def report_text(run_dir: Path) -> str:
-    from lite_verl.console import summary_text
+    from lite_verl.run.console import summary_text
 
     cfg, rows, summary = _load(run_dir)
     bill = [BillRow(**b) for b in summary.get("bill", [])]
@@ -88,7 +88,7 @@ def write_plots(run_dir: Path) -> list[Path]:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from lite_verl.rundir import read_metrics
+    from lite_verl.run.rundir import read_metrics
 
     cfg, rows, summary = _load(run_dir)
     out = run_dir / "report"
@@ -159,7 +159,7 @@ def report(run_dir: str | Path, plots: bool = True) -> str:
             text += "\nplots: " + ", ".join(str(p) for p in written)
         else:
             text += "\nplots: matplotlib is not installed; install it with: pip install 'lite-verl[report]'"
-    from lite_verl.rundir import atomic_write_text
+    from lite_verl.run.files import atomic_write_text
 
     atomic_write_text(run / "report.txt", text + "\n")
     return text

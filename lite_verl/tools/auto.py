@@ -30,11 +30,11 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from lite_verl import plan as planner
 from lite_verl.config import Config, from_dict, merge, parse_override, read_yaml
+from lite_verl.config.presets import AUTO, preset_names, preset_path
 from lite_verl.errors import ConfigError, UserError
-from lite_verl.plan import GIB, GpuPlan, Shape, knob
-from lite_verl.preset_files import AUTO, preset_names, preset_path
+from lite_verl.tools import plan as planner
+from lite_verl.tools.plan import GIB, GpuPlan, Shape, knob
 
 # Qwen2.5 shapes (their config.json) for `lite-verl plan --model-shape SIZE`: a plan without the weights.
 MODEL_SHAPES = {
@@ -218,7 +218,7 @@ def choose(
     machine = merge(machine, hardware)
     lines = [f"auto: {_describe(used)} -> {placement}", *lines, *hw_lines]
     if shape is None:
-        from lite_verl.model import resolve_model_path
+        from lite_verl.model.load import resolve_model_path
 
         shape = planner.shape_of(resolve_model_path(compose(base, machine, config_file, sets).model))
     cfg, found = _search(base, machine, config_file, sets, shape, gpus)

@@ -29,7 +29,7 @@ from lite_verl.config import Config, to_dict
 from lite_verl.data.schema import PromptRow, load_rows
 from lite_verl.data.tasks import ARITH_SOURCE, ECHO_SOURCE, task_rows
 from lite_verl.errors import DataError, UserError
-from lite_verl.verl_export import (
+from lite_verl.tools.verl_export import (
     VERL_RULE_SOURCES,
     InExport,
     Inputs,
@@ -48,7 +48,7 @@ RULES_SHIM = '''"""verl reward function written by `lite-verl export-verl`: lite
 Needs lite-verl importable on every Ray node: pip install lite-verl (no extras).
 """
 
-from lite_verl.rewards import default_compute_score
+from lite_verl.reward.rules import default_compute_score
 
 
 def compute_score(data_source, solution_str, ground_truth, extra_info=None, **kwargs):
@@ -66,7 +66,7 @@ class Exported:
 
 def export_verl(cfg: Config, name: str, out: Path, layout: Layout, force: bool = False) -> Exported:
     """Write the export into `out` (replaced only with force). Raises UserError before writing anything."""
-    from lite_verl.rundir import atomic_directory
+    from lite_verl.run.files import atomic_directory
 
     out = Path(out).absolute()
     if out.exists() and not out.is_dir():
@@ -148,7 +148,7 @@ def write_parquet(rows: list[PromptRow], split: str, path: Path) -> None:
 def model_source(cfg: Config) -> str | Path:
     """A model directory path for verl, or (a Path) a tiny:* model to copy into the export."""
     if cfg.model.path.startswith("tiny:"):
-        from lite_verl.model import resolve_model_path
+        from lite_verl.model.load import resolve_model_path
 
         return resolve_model_path(cfg.model)
     return str(Path(cfg.model.path).expanduser().absolute())

@@ -22,7 +22,7 @@ def _prompts(
 ):
     from lite_verl.config import load_config
     from lite_verl.data.loader import load_prompt_sets
-    from lite_verl.model import load_tokenizer
+    from lite_verl.model.load import load_tokenizer
 
     overrides = [f"model.path={model_dir}", "data.val_size=0", "data.task=arithmetic"]
     if calib:
@@ -36,7 +36,7 @@ def _prompts(
 def quantize_command(
     model_dir: str, out_dir: str, calib: str | None, group_size: int, max_prompts: int
 ) -> Path:
-    from lite_verl.model import check_causal_lm
+    from lite_verl.model.load import check_causal_lm
     from lite_verl.quant.awq import AWQSettings, quantize_model, require_autoawq
 
     require_autoawq()
@@ -56,8 +56,9 @@ def export_run(run_dir: str, out_dir: str, fmt: str = "hf") -> Path:
     from transformers import AutoModelForCausalLM
 
     from lite_verl.loop import load_run_config
-    from lite_verl.model import load_tokenizer, resolve_model_path
-    from lite_verl.rundir import RunDir, atomic_directory
+    from lite_verl.model.load import load_tokenizer, resolve_model_path
+    from lite_verl.run.files import atomic_directory
+    from lite_verl.run.rundir import RunDir
 
     if fmt not in ("hf", "awq"):
         raise UserError(f"--format {fmt}: use hf or awq")

@@ -14,7 +14,7 @@ import sys
 from typing import Any
 
 from lite_verl.errors import RewardError
-from lite_verl.rewards import check_value, load_reward_function
+from lite_verl.reward.rules import check_value, load_reward_function
 
 
 def _serve(spec: str, conn) -> None:  # pragma: no cover - runs in the child process

@@ -5,7 +5,7 @@ from __future__ import annotations
 import sys
 from typing import Any
 
-from lite_verl.cost import BillRow, format_bill
+from lite_verl.run.cost import BillRow, format_bill
 
 
 class Progress:

@@ -99,7 +99,7 @@ def make_tiny_model(out_dir: str | Path, spec: TinySpec | None = None) -> Path:
     import torch
     from transformers import AutoModelForCausalLM, GenerationConfig
 
-    from lite_verl.rundir import atomic_directory
+    from lite_verl.run.files import atomic_directory
 
     spec = spec or TinySpec()
     out = Path(out_dir)

@@ -19,7 +19,7 @@ def import_gguf(gguf_file: str | Path, out_dir: str | Path, dtype: str = "bfloat
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
     from lite_verl.device import torch_dtype
-    from lite_verl.rundir import atomic_directory
+    from lite_verl.run.files import atomic_directory
 
     src, out = Path(gguf_file), Path(out_dir)
     if not src.is_file():

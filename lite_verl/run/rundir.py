@@ -22,9 +22,7 @@ import random
 import shutil
 import subprocess
 import sys
-import tempfile
 import time
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -33,39 +31,7 @@ import yaml
 
 from lite_verl.config import Config, to_dict
 from lite_verl.errors import UserError
-
-
-def atomic_write_text(path: Path, text: str) -> None:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
-@contextmanager
-def atomic_directory(final: Path):
-    """Yield a temp directory beside `final`; on success it replaces `final` in one rename, on failure
-    it is removed. Readers never see a half-written directory."""
-    final = Path(final)
-    final.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.", dir=final.parent))
-    tmp.chmod(0o755)
-    try:
-        yield tmp
-        if final.exists():
-            shutil.rmtree(final)
-        os.replace(tmp, final)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+from lite_verl.run.files import atomic_directory, atomic_write_text
 
 
 def default_run_dir(preset: str) -> Path:

@@ -17,7 +17,7 @@ from lite_verl.errors import ModelError
 
 def resolve_model_path(cfg: ModelConfig) -> Path:
     if cfg.path.startswith("tiny:"):
-        from lite_verl.tiny import resolve_tiny
+        from lite_verl.model.tiny import resolve_tiny
 
         arch = cfg.path.split(":", 1)[1]
         if arch not in ("qwen2", "llama"):

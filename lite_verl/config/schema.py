@@ -209,7 +209,7 @@ class Config:
         return sorted({*self.rollout.gpus, *self.train.gpus, *self.reward_gpus})
 
     def validate(self) -> Config:
-        from lite_verl.validation import validate_config
+        from lite_verl.config.validation import validate_config
 
         validate_config(self)
         return self
@@ -409,7 +409,7 @@ def load_config(
     preset: str | None = None, config_file: str | None = None, overrides: list[str] | tuple[str, ...] = ()
 ) -> Config:
     """Resolve the layers into a validated Config. Raises ConfigError with a one-line message."""
-    from lite_verl.preset_files import preset_path
+    from lite_verl.config.presets import preset_path
 
     data: dict[str, Any] = {}
     if config_file:

@@ -1,0 +1,1 @@
+"""Run bookkeeping: the run directory (config, metrics, checkpoints), the console, and the bill."""

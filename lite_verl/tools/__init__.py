@@ -1,0 +1,1 @@
+"""Commands around training: plan, auto, report, export, k8s, export-verl."""
