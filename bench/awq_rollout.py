@@ -1,7 +1,7 @@
 """Benchmark: AWQ 4-bit vs bf16 rollout in vLLM, and the AWQ hybrid engine's syncs.
 
-    python bench/awq_rollout.py --sizes 1.5b,7b            # speed + memory + merged-AWQ sync, random Qwen2.5 shapes
-    python bench/awq_rollout.py --gap-model DIR            # AWQ-vs-trainer log-prob gap on a real model (AutoAWQ calibration)
+    python -m bench.awq_rollout --sizes 1.5b,7b            # speed + memory + merged-AWQ sync, random Qwen2.5 shapes
+    python -m bench.awq_rollout --gap-model DIR            # AWQ-vs-trainer log-prob gap on a real model (AutoAWQ calibration)
 
 Random-shaped models cannot be calibrated meaningfully, so for speed and memory their AWQ twin is made
 by lite-verl's packer with unit scales and no clipping (same tensors, same kernels, same sync work as a
@@ -19,13 +19,11 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from gpu_models import make_model  # noqa: E402
-from results import REPORT, append, render  # noqa: E402
+from bench.gpu_models import make_model
+from bench.results import REPORT, append, render
 
 LINEARS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
@@ -87,15 +85,15 @@ def _rollout_tps(engine, prompts) -> float:
 
 def bench_size(size: str, root: Path, variants: list[str]) -> None:
     import torch
-    from rollout import prompts as make_prompts
 
+    from bench.rollout import prompts as make_prompts
     from lite_verl.loop import prepare
 
     bf16 = make_model(size, root)
     awq = make_awq_twin(bf16)
     ps = make_prompts(256, 64)
     model = f"Qwen2.5-{size} shape (random)"
-    cmd = f"python bench/awq_rollout.py --sizes {size}"
+    cmd = f"python -m bench.awq_rollout --sizes {size}"
     rows = []
     for label, extra in [
         ("bf16", ["sync.mode=merged"]),
@@ -152,9 +150,9 @@ def main() -> None:
     for size in [s for s in args.sizes.split(",") if s]:
         bench_size(size, Path(args.root), args.variants.split(","))
     if args.gap_model:
-        from logprob_gap import measure
+        from bench.logprob_gap import measure
 
-        cmd = f"python bench/awq_rollout.py --gap-model {args.gap_model.name} --group {args.group}"
+        cmd = f"python -m bench.awq_rollout --gap-model {args.gap_model.name} --group {args.group}"
         for mode in args.modes.split(","):
             r = measure(args.gap_model, mode, 1e-3, quantized="awq", group=args.group)
             for metric, value in r.items():

@@ -1,7 +1,7 @@
 """Benchmark (issue #10): GRPO steps of big models with the trainer capped at a 24 GB card's memory,
 measured peak vs `lite-verl plan`'s prediction.
 
-    python bench/big_train.py [--variants qlora:7b,fsdp:3b,fsdp:7b,fsdp16:7b] [--steps 3] [--cap 24]
+    python -m bench.big_train [--variants qlora:7b,fsdp:3b,fsdp:7b,fsdp16:7b] [--steps 3] [--cap 24]
 
 Each variant runs `lite-verl train` (4090x1 preset) on a random Qwen2.5-shaped model (bench/gpu_models.py)
 with `train.max_memory_gib=CAP`: the trainer process may allocate no more than a 24 GB card holds. The vLLM
@@ -23,13 +23,11 @@ from __future__ import annotations
 import argparse
 import statistics
 import subprocess
-import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from gpu_models import make_model  # noqa: E402
-from results import REPORT, append, render  # noqa: E402
-from train_run import train_run  # noqa: E402
+from bench.gpu_models import make_model
+from bench.results import REPORT, append, render
+from bench.train_run import train_run
 
 BACKEND_SETS = {
     "qlora": ["train.backend=qlora", "sync.mode=adapter"],
@@ -121,7 +119,7 @@ def main() -> None:
 
     if not torch.cuda.is_available():
         raise SystemExit("bench/big_train.py measures GPU memory: run it on a CUDA machine")
-    cmd = f"python bench/big_train.py --variants {args.variants} --steps {args.steps} --cap {args.cap:g}"
+    cmd = f"python -m bench.big_train --variants {args.variants} --steps {args.steps} --cap {args.cap:g}"
     for variant in args.variants.split(","):
         backend, size = variant.split(":")
         try:

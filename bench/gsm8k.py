@@ -1,6 +1,6 @@
 """Benchmark: learning on real data: SmolLM2-135M-Instruct on GSM8K, lite-verl and TRL, same steps.
 
-    python bench/gsm8k.py --gguf SmolLM2-135M-Instruct.Q4_1.gguf --data DIR [--steps 50] [--lr 2e-5]
+    python -m bench.gsm8k --gguf SmolLM2-135M-Instruct.Q4_1.gguf --data DIR [--steps 50] [--lr 2e-5]
                           [--only lite-verl|trl]
 
 DIR holds GSM8K's train.jsonl and test.jsonl (../shared/data/gsm8k). Both trainers: the same training
@@ -21,9 +21,8 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from results import CURVES, REPORT, append, read_curve, render, write_curve  # noqa: E402
-from train_run import reward_curve, single_process_group_env, train_run  # noqa: E402
+from bench.results import CURVES, REPORT, append, read_curve, render, write_curve
+from bench.train_run import reward_curve, single_process_group_env, train_run
 
 PROMPTS, N, NEW_TOKENS, LR, RANK = 32, 8, 256, 2e-5, 16
 MICRO = 32  # sequences per forward/backward, both trainers
@@ -48,7 +47,9 @@ def prepare(gguf: Path, data: Path, out: Path) -> tuple[Path, Path, Path]:
 def evaluate(model: Path, test: Path) -> float:
     """Greedy accuracy on every test row by the strict rule, vLLM bf16 (run in a fresh process)."""
     proc = subprocess.run(
-        [sys.executable, __file__, "--eval", str(model), "--test", str(test)], capture_output=True, text=True
+        [sys.executable, "-m", "bench.gsm8k", "--eval", str(model), "--test", str(test)],
+        capture_output=True,
+        text=True,
     )
     lines = [x for x in proc.stdout.splitlines() if x.startswith("ACCURACY ")]
     if proc.returncode != 0 or not lines:
@@ -103,8 +104,7 @@ def trl(model: Path, train: Path, steps: int, lr: float, out: Path) -> tuple[Pat
     from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
 
-    sys.path.insert(0, str(REWARD.parent))
-    from gsm8k_reward import compute_score
+    from bench.gsm8k_reward import compute_score
 
     rows = [json.loads(x) for x in train.read_text().splitlines() if x.strip()][: PROMPTS * steps]
     data = Dataset.from_list(
@@ -185,7 +185,7 @@ def main() -> None:
     if args.eval:
         return _eval_main(args.eval, args.test)
     model, train, test = prepare(args.gguf, args.data, args.out)
-    cmd = f"python bench/gsm8k.py --gguf {args.gguf.name} --steps {args.steps} --lr {args.lr:g}"
+    cmd = f"python -m bench.gsm8k --gguf {args.gguf.name} --steps {args.steps} --lr {args.lr:g}"
     settings = (f"H200, vLLM colocated, {PROMPTS} prompts x {N}, <= {NEW_TOKENS} new tokens, LoRA r={RANK}, lr {args.lr:g}, "
                 f"no KL, {args.steps} steps, reward bench/gsm8k_reward.py; accuracy: greedy, all 1,319 test problems")  # fmt: skip
     curves = earlier_curves(args.lr) if args.only == "trl" else {}  # lite-verl's, from an earlier call

@@ -1,6 +1,6 @@
 """Benchmark: the README's main job, `lite-verl train --preset laptop`, end to end on this machine.
 
-    python bench/laptop.py [--set key=value ...]
+    python -m bench.laptop [--set key=value ...]
 
 Records wall time, steps/s, tokens/s (rollout and overall), the learning figures (reward first/last
 10% of steps, greedy validation before/after) to bench/results.jsonl, then re-renders RESULTS.md.
@@ -16,8 +16,7 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from results import REPORT, append, render  # noqa: E402
+from bench.results import REPORT, append, render
 
 
 def main(extra: list[str]) -> None:

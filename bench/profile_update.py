@@ -1,9 +1,9 @@
 """Benchmark: where the LoRA update's time goes, one GRPO update on a fixed random batch.
 
-    python bench/profile_update.py [--size 1.5b] [--rows 256] [--prompt 128] [--response 256]
+    python -m bench.profile_update [--size 1.5b] [--rows 256] [--prompt 128] [--response 256]
                                    [--variants fused,plain,bf16_head,no_ckpt] [--trace DIR]
 
-The trainer exactly as `lite-verl train --preset 4090x1` builds it (train/group.build_trainer, the
+The trainer exactly as `lite-verl train --preset 4090x1` builds it (train/rank.build_rank_backend, the
 preset's micro-batch and checkpointing), fed one step's batch of random tokens, and `update.run_update`
 timed after a warm-up. Variants change one thing each:
   fused      the default: log-probs and entropy from the hidden states (train/head.fused_log_probs)
@@ -26,9 +26,8 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from gpu_models import bench_model  # noqa: E402
-from results import REPORT, append, render  # noqa: E402
+from bench.gpu_models import bench_model
+from bench.results import REPORT, append, render
 
 VARIANTS = {
     "fused": [],
@@ -63,8 +62,7 @@ def sync() -> None:
 
 def measure(variant: str, model_dir: Path, args) -> dict[str, float]:
     from lite_verl.config import load_config
-    from lite_verl.loop import resolve_auto
-    from lite_verl.train.group import build_trainer
+    from lite_verl.train.rank import build_rank_backend
     from lite_verl.update import MicroBatchSize, make_kl_controller, run_update
 
     gpu = torch.cuda.is_available()
@@ -76,9 +74,9 @@ def measure(variant: str, model_dir: Path, args) -> dict[str, float]:
     ]
     if args.micro and variant != "micro32":
         sets.append(f"train.micro_batch_size={args.micro}")
-    cfg = resolve_auto(load_config("4090x1" if gpu else "laptop", None, sets))
+    cfg = load_config("4090x1" if gpu else "laptop", None, sets).with_auto_resolved()
     device = torch.device("cuda:0" if gpu else "cpu")
-    backend = build_trainer(cfg, model_dir, device, 1)
+    backend = build_rank_backend(cfg, model_dir, device, 1)
     if variant == "plain":
         backend.fused_head = False
     from lite_verl.train import head
@@ -136,7 +134,7 @@ def main() -> None:
     ap.add_argument("--root", default="/tmp/models")
     args = ap.parse_args()
     model_dir, label = bench_model(args.size, Path(args.root))
-    cmd = " ".join(["python bench/profile_update.py", *sys.argv[1:]])
+    cmd = " ".join(["python -m bench.profile_update", *sys.argv[1:]])
     for variant in args.variants.split(","):
         r = measure(variant, model_dir, args)
         print(f"{variant}: " + ", ".join(f"{k} {v:.3f}" for k, v in r.items()), flush=True)

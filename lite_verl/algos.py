@@ -15,6 +15,7 @@ from collections import defaultdict
 
 import torch
 
+# config/schema.py's LossAggMode lists the same modes (tests/test_config.py checks it)
 LOSS_AGG_MODES = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
 
 

@@ -8,7 +8,7 @@ every row (as in verl).
 from __future__ import annotations
 
 from dataclasses import dataclass, fields, replace
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import torch
 
@@ -92,7 +92,7 @@ class Experience:
 
     def take(self, rows: torch.Tensor | list[int]) -> Experience:
         idx = torch.as_tensor(rows, dtype=torch.long)
-        picked = {}
+        picked: dict[str, Any] = {}
         for f in fields(self):
             v = getattr(self, f.name)
             picked[f.name] = None if v is None else v[idx]

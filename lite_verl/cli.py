@@ -241,8 +241,8 @@ def _quiet_libraries() -> None:
 
 def cmd_train(args: argparse.Namespace) -> int:
     from lite_verl.config.validation import check_environment
-    from lite_verl.loop import load_run_config, prepare, run_training
-    from lite_verl.run.rundir import RunDir, default_run_dir
+    from lite_verl.loop import prepare, run_training
+    from lite_verl.run.rundir import RunDir, default_run_dir, load_run_config
 
     if args.resume:
         if args.config or args.run_dir:
@@ -510,7 +510,7 @@ def main(argv: list[str] | None = None) -> int:
         print("lite-verl: interrupted", file=sys.stderr)
         return 130
     except Exception as e:
-        from lite_verl.loop import Interrupted
+        from lite_verl.run.signals import Interrupted
 
         if isinstance(e, Interrupted):
             print(f"lite-verl: {e}", file=sys.stderr)

@@ -12,30 +12,33 @@ from __future__ import annotations
 
 import json
 import math
-import signal
 import sys
-import threading
 import time
 import warnings
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 
-from lite_verl.batch import UpdateBatch
+from lite_verl import algos
+from lite_verl.batch import RolloutBatch, UpdateBatch
 from lite_verl.config import Config
-from lite_verl.config.validation import train_world
 from lite_verl.data.loader import PromptSampler, PromptSet, load_prompt_sets
-from lite_verl.device import role_device
 from lite_verl.errors import UserError
-from lite_verl.reward.rules import RewardFn, load_reward_function, score_batch
-from lite_verl.rollout.base import SamplingSettings
+from lite_verl.reward.base import Scorer, make_scorer
+from lite_verl.rollout.base import RolloutEngine, SamplingSettings
+from lite_verl.rollout.factory import build_engine
 from lite_verl.run.console import Progress, summary_text
 from lite_verl.run.cost import Ledger, bill
 from lite_verl.run.rundir import MetricsLog, RunDir, read_metrics, set_rng_state
-from lite_verl.train.group import sharded
+from lite_verl.run.signals import Interrupted, StopRequest
+from lite_verl.run.timing import PhaseTimer
+from lite_verl.train.factory import build_trainer
 from lite_verl.update import MicroBatchSize, make_kl_controller, run_update
+
+if TYPE_CHECKING:
+    from lite_verl.train.base import TrainBackend
+    from lite_verl.train.group import GroupBackend, TrainGroup
 
 MAX_SKIPPED_STEPS = 5  # non-finite losses in a row before the run stops
 
@@ -44,156 +47,46 @@ class TrainingDiverged(UserError):
     """The loss or gradients stayed non-finite; the message suggests the fix."""
 
 
-class Interrupted(Exception):
-    """SIGINT/SIGTERM: the step in flight finished, a checkpoint was written, the run stopped."""
-
-    def __init__(self, signum: int, step: int) -> None:
-        self.exit_code = 128 + signum
-        super().__init__(
-            f"stopped by {signal.Signals(signum).name} after step {step}; a checkpoint was written"
-        )
-
-
-class StopRequest:
-    """First SIGINT/SIGTERM asks the loop to stop after the current step; a second one stops at once."""
-
-    def __init__(self) -> None:
-        self.signum: int | None = None
-        self._old: dict[int, Any] = {}
-
-    def __enter__(self) -> StopRequest:
-        if threading.current_thread() is threading.main_thread():
-            for sig in (signal.SIGINT, signal.SIGTERM):
-                self._old[sig] = signal.signal(sig, self._handle)
-        return self
-
-    def _handle(self, signum: int, frame: Any) -> None:
-        if self.signum is not None:
-            raise KeyboardInterrupt
-        self.signum = signum
-        print(
-            f"\nlite-verl: {signal.Signals(signum).name}: finishing this step and writing a checkpoint "
-            "(send it again to stop at once)",
-            file=sys.stderr,
-            flush=True,
-        )
-
-    def __exit__(self, *exc: Any) -> None:
-        for sig, handler in self._old.items():
-            signal.signal(sig, handler)
-
-
 @dataclass
 class Session:
+    """Everything a run holds; `prepare` builds it, `run_training` uses and closes it."""
+
     cfg: Config
     tokenizer: Any
-    backend: Any  # a training backend (train/lora.py)
-    engine: Any  # a rollout engine (rollout/base.py)
+    backend: TrainBackend  # the trainer (train/base.py); rank 0's with several ranks
+    engine: RolloutEngine  # the rollout engine (rollout/base.py)
     train_set: PromptSet
     val_set: PromptSet
-    reward_fn: RewardFn
-    kl_ctrl: Any  # in-reward KL coefficient controller (algos.FixedKLController / AdaptiveKLController)
-    reward_worker: Any = None  # reward_worker.RewardWorker for an isolated reward.function
-    micro: MicroBatchSize | None = None  # train.micro_batch_size, halved after an out-of-memory
+    scorer: Scorer  # the reward source (reward/base.py): rule/user function, worker, reward model or URL
+    kl_ctrl: algos.FixedKLController | algos.AdaptiveKLController  # the in-reward KL coefficient
+    micro: MicroBatchSize  # train.micro_batch_size, halved after an out-of-memory
+    group: TrainGroup | None = None  # several training ranks (train.gpus / train.cpu_ranks)
     prefetched: list[int] | None = None  # rollout.max_staleness=1: prompt rows of the rollout in flight
-    reward_model: Any = None  # reward_model.OnDemandRewardModel for reward.model
-    group: Any = None  # train/group.TrainGroup when several ranks train (train.gpus / train.cpu_ranks)
 
 
 def prepare(cfg: Config) -> Session:
-    """Load model, tokenizer, data and reward function; raises UserError before anything is written."""
+    """Load model, tokenizer, data and reward function; raises UserError before anything is written.
+
+    The three seams come from their factories: `make_scorer` (reward/), `build_trainer` (train/) and
+    `build_engine` (rollout/); the trainer comes before the engine, which serves its weights."""
     from lite_verl.model.load import load_tokenizer, resolve_model_path
 
-    cfg = resolve_auto(cfg)
+    cfg = cfg.with_auto_resolved()
     torch.manual_seed(cfg.trainer.seed)
-    reward_fn = load_reward_function(cfg.reward.function)
+    scorer = make_scorer(cfg.reward)  # imports reward.function, reads reward.model's config; starts nothing
     path = resolve_model_path(cfg.model)
     tokenizer = load_tokenizer(path, cfg.model.trust_remote_code)
     train_set, val_set = load_prompt_sets(cfg.data, tokenizer, cfg.trainer.seed)
-    group, backend = _trainer(cfg, path)
-    if cfg.rollout.engine == "vllm":
-        from lite_verl.rollout.vllm_engine import VLLMRolloutEngine
-
-        serve = path
-        if cfg.rollout.quantization == "awq":
-            serve = _awq_model(cfg, path, train_set)
-        engine = VLLMRolloutEngine(cfg, serve, tokenizer, backend)
-    else:
-        engine = _hf_engine(cfg, backend, tokenizer, group)
-    kl_ctrl = make_kl_controller(cfg.algorithm)
-    worker = None
-    if cfg.reward.function and cfg.reward.isolate:
-        from lite_verl.reward.worker import RewardWorker
-
-        w = cfg.reward
-        worker = RewardWorker(w.function, w.timeout_s, w.on_error, w.default_score)
-    micro = MicroBatchSize.of(cfg, lockstep=group is not None and sharded(cfg))
-    session = Session(cfg, tokenizer, backend, engine, train_set, val_set, reward_fn, kl_ctrl, worker, micro)
-    session.group = group
-    if cfg.reward.model:
-        from lite_verl.reward.model import OnDemandRewardModel
-
-        session.reward_model = OnDemandRewardModel(
-            Path(cfg.reward.model), cfg.reward.device, cfg.reward.keep_alive_s
-        )
-    return session
-
-
-def _trainer(cfg: Config, path: Path) -> tuple[Any, Any]:
-    """-> (TrainGroup or None, backend): one process, or rank 0 of several with its followers started
-    (train/group.py); rank 0's backend then announces what needs every rank."""
-    from lite_verl.train.group import GroupBackend, TrainGroup, build_trainer
-
-    world = train_world(cfg)
-    device = role_device(cfg.train.gpus)
-    if world == 1:
-        return None, build_trainer(cfg, path, device, world)
-    group = TrainGroup.start(cfg, path)
+    group, backend = build_trainer(cfg, path)
     try:
-        with group.guard():
-            return group, GroupBackend(build_trainer(cfg, path, device, world), group)
+        engine = build_engine(cfg, path, tokenizer, backend, group, train_set)
     except BaseException:
-        group.close()
+        if group is not None:  # the follower ranks are already running
+            group.close()
         raise
-
-
-def _hf_engine(cfg: Config, backend: Any, tokenizer: Any, group: Any) -> Any:
-    """transformers generate with the trained model; over a sharded trainer every rank generates."""
-    from lite_verl.rollout.hf import HFRolloutEngine
-    from lite_verl.train.group import LockstepEngine
-
-    lockstep = group is not None and sharded(cfg)
-    engine = HFRolloutEngine(backend.model, tokenizer, role_device(cfg.train.gpus), synced=lockstep)
-    return LockstepEngine(engine, group) if lockstep else engine
-
-
-def resolve_auto(cfg: Config) -> Config:
-    """algorithm.rollout_correction=auto: token-level truncated IS when the rollout engine serves
-    quantized weights or lags one update behind (its log-probs then differ from the trainer's by
-    design), none otherwise."""
-    from dataclasses import replace
-
-    if cfg.algorithm.rollout_correction != "auto":
-        return cfg
-    quantized = (
-        cfg.rollout.quantization != "none" or cfg.train.backend == "qlora"
-    )  # trainer and engine differ
-    mode = "token" if quantized or cfg.rollout.max_staleness > 0 else "none"
-    return replace(cfg, algorithm=replace(cfg.algorithm, rollout_correction=mode))
-
-
-def _awq_model(cfg: Config, path: Path, train_set: PromptSet) -> Path:
-    """rollout.quantized_path, or the cached AWQ model calibrated on this run's first 512 prompts."""
-    from lite_verl.quant.awq import AWQSettings, quantized_for_run
-
-    if cfg.rollout.quantized_path:
-        return Path(cfg.rollout.quantized_path)
-    calib = [list(ids) for ids in train_set.token_ids[:512]]
-    print(
-        f"lite-verl: AWQ model for {path.name} (calibrating on {len(calib)} prompts unless cached)",
-        file=sys.stderr,
-    )
-    return quantized_for_run(path, calib, AWQSettings(group_size=cfg.rollout.awq_group_size))
+    micro = MicroBatchSize.of(cfg, lockstep=group is not None and backend.sharded)
+    kl_ctrl = make_kl_controller(cfg.algorithm)
+    return Session(cfg, tokenizer, backend, engine, train_set, val_set, scorer, kl_ctrl, micro, group)
 
 
 def host_peak_gib() -> float:
@@ -211,39 +104,9 @@ def step_seed(seed: int, step: int) -> int:
 def score(
     session: Session, rows_idx: list[int], prompts: PromptSet, texts: list[str], n: int
 ) -> torch.Tensor:
+    """Rewards of `texts`, n responses per prompt row of rows_idx in order: [len(rows_idx) * n]."""
     rows = [prompts.rows[i] for i in rows_idx for _ in range(n)]
-    w = session.cfg.reward
-    if session.reward_model is not None:
-        return torch.tensor(
-            session.reward_model.score([r.messages for r in rows], texts), dtype=torch.float32
-        )
-    if w.url:
-        from lite_verl.reward.model import score_remote
-
-        items = [{"data_source": r.data_source, "solution_str": t, "ground_truth": r.ground_truth,
-                  "extra_info": r.extra_info} for r, t in zip(rows, texts)]  # fmt: skip
-        try:
-            return torch.tensor(score_remote(w.url, items, w.timeout_s, w.retries), dtype=torch.float32)
-        except UserError as e:
-            if w.on_error != "default":
-                raise
-            warnings.warn(
-                f"{e}; scored {len(items)} samples {w.default_score} (reward.on_error=default)", stacklevel=1
-            )
-            return torch.full((len(items),), float(w.default_score))
-    if session.reward_worker is not None:
-        items = [(r.data_source, t, r.ground_truth, r.extra_info) for r, t in zip(rows, texts)]
-        return torch.tensor(session.reward_worker.score(items), dtype=torch.float32)
-    name = session.cfg.reward.function or "the rule reward"
-    values = score_batch(
-        session.reward_fn,
-        [r.data_source for r in rows],
-        texts,
-        [r.ground_truth for r in rows],
-        [r.extra_info for r in rows],
-        name=name,
-    )
-    return torch.tensor(values, dtype=torch.float32)
+    return session.scorer.score(rows, texts)
 
 
 def validate(session: Session, step: int) -> dict[str, float]:
@@ -258,83 +121,105 @@ def validate(session: Session, step: int) -> dict[str, float]:
     return {"val/reward_mean": float(scores.mean())}
 
 
-def _greedy_baselines(
-    session: Session, rows_idx: list[int], prompts: list[list[int]], n: int
-) -> torch.Tensor:
+def _greedy_baselines(session: Session, rows_idx: list[int]) -> torch.Tensor:
     """ReMax: the reward of the greedy response to each prompt, repeated for its n samples. [N]"""
     sampling = SamplingSettings(n=1, temperature=0.0, max_new_tokens=session.cfg.rollout.max_new_tokens)
-    greedy = session.engine.generate(prompts, sampling, seed=0)
+    greedy = session.engine.generate([session.train_set.token_ids[i] for i in rows_idx], sampling, seed=0)
     texts = greedy.response_texts(session.tokenizer)
-    return score(session, rows_idx, session.train_set, texts, 1).repeat_interleave(n)
+    return score(session, rows_idx, session.train_set, texts, 1).repeat_interleave(session.cfg.rollout.n)
 
 
 def train_step(session: Session, sampler: PromptSampler, step: int, ledger: Ledger) -> dict[str, float]:
-    cfg, r, a = session.cfg, session.cfg.rollout, session.cfg.algorithm
-    if session.reward_model is not None:
-        session.reward_model.release_if_idle()
-    t0 = time.perf_counter()
+    """One step: rollout -> reward -> (engine sleeps) -> update -> sync, each phase timed."""
+    n = session.cfg.rollout.n
+    session.scorer.start_step()  # an idle reward model gives its GPU back
+    timer = PhaseTimer()  # every phase ends waiting for its results, so the host clock is enough
+    with timer.phase("rollout"):
+        rows_idx, rollout, waited = _rollout(session, sampler, step, ledger)
+        baselines = None
+        if session.cfg.algorithm.adv_estimator == "remax":
+            with ledger.busy_on("rollout"):
+                baselines = _greedy_baselines(session, rows_idx)
+    with timer.phase("reward"), ledger.busy_on("reward"):
+        scores = score(session, rows_idx, session.train_set, rollout.response_texts(session.tokenizer), n)
+    group_ids = torch.arange(len(rows_idx)).repeat_interleave(n)
+    with timer.phase("sleep"):
+        session.engine.sleep()  # colocated vLLM frees its KV cache for the trainer
+    with timer.phase("update"), ledger.busy_on("train"):  # billed on every train GPU
+        metrics = train_update(session, UpdateBatch(rollout, scores, group_ids, baselines, step))
+    with timer.phase("sync"):
+        sync_s = session.engine.sync_weights(step)  # with a rollout in flight: waits for it, then loads
+    metrics.update(waited)
+    metrics.update(_overlap(session, timer.spans["update"]))
+    metrics.update(_rollout_metrics(rollout, scores))
+    metrics.update(_step_metrics(session, timer, sync_s, rollout, metrics))
+    return metrics
+
+
+def _rollout(
+    session: Session, sampler: PromptSampler, step: int, ledger: Ledger
+) -> tuple[list[int], RolloutBatch, dict[str, float]]:
+    """This step's prompts and responses: collected from the rollout started during the last update
+    (rollout.max_staleness=1), else generated now. With staleness the next batch starts here, with the
+    weights of now. -> (prompt rows, rollout, {timing/rollout_wait_s} when collected)"""
+    cfg, r = session.cfg, session.cfg.rollout
     sampling = SamplingSettings(
         n=r.n, temperature=r.temperature, top_p=r.top_p, max_new_tokens=r.max_new_tokens
     )
-    overlap = {}
+    waited: dict[str, float] = {}
+    t0 = time.perf_counter()
     if session.prefetched is not None:  # one-step-off-policy: started during the previous update
         rows_idx, session.prefetched = session.prefetched, None
         rollout = session.engine.collect()
         start, end = session.engine.last_generate_span
         ledger.add_busy("rollout", end - start)
-        overlap["timing/rollout_wait_s"] = time.perf_counter() - t0
+        waited["timing/rollout_wait_s"] = time.perf_counter() - t0
     else:
         rows_idx = sampler.next_batch()
         with ledger.busy_on("rollout"):
-            rollout = session.engine.generate(
-                [session.train_set.token_ids[i] for i in rows_idx],
-                sampling,
-                seed=step_seed(cfg.trainer.seed, step),
-            )
-    prompts = [session.train_set.token_ids[i] for i in rows_idx]
-    if r.max_staleness and step < cfg.trainer.total_steps:  # the next batch, with the weights of now
+            prompts = [session.train_set.token_ids[i] for i in rows_idx]
+            rollout = session.engine.generate(prompts, sampling, seed=step_seed(cfg.trainer.seed, step))
+    if r.max_staleness and step < cfg.trainer.total_steps:
         session.prefetched = sampler.next_batch()
         next_prompts = [session.train_set.token_ids[i] for i in session.prefetched]
         session.engine.submit(next_prompts, sampling, seed=step_seed(cfg.trainer.seed, step + 1))
-    with ledger.busy_on("rollout"):
-        baselines = _greedy_baselines(session, rows_idx, prompts, r.n) if a.adv_estimator == "remax" else None
-    t1 = time.perf_counter()
-    with ledger.busy_on("reward"):
-        texts = rollout.response_texts(session.tokenizer)
-        scores = score(session, rows_idx, session.train_set, texts, r.n)
-    t2 = time.perf_counter()
-    group_ids = torch.arange(len(rows_idx)).repeat_interleave(r.n)
-    if hasattr(session.engine, "sleep"):
-        session.engine.sleep()  # colocated vLLM frees its KV cache for the trainer
-    t_slept = time.perf_counter()
-    with ledger.busy_on("train"):  # billed on every train GPU
-        metrics = train_update(session, UpdateBatch(rollout, scores, group_ids, baselines, step))
-    t3 = time.perf_counter()
-    train_span = (time.time() - (t3 - t_slept), time.time())
-    sync_s = session.engine.sync_weights(step)  # with a rollout in flight: waits for it, then loads
-    t4 = time.perf_counter()
+    return rows_idx, rollout, waited
+
+
+def _overlap(session: Session, train_span: tuple[float, float]) -> dict[str, float]:
+    """How long the next rollout ran while this update did (rollout.max_staleness=1)."""
     span = session.engine.finished_span() if session.prefetched is not None else None
-    if span is not None:  # how long the next rollout ran while this update did
-        overlap["perf/overlap_s"] = max(0.0, min(span[1], train_span[1]) - max(span[0], train_span[0]))
-    metrics.update(overlap)
-    metrics.update(_rollout_metrics(rollout, scores))
-    metrics["train/micro_batch_size"] = float(session.micro.value)
-    device = getattr(session.backend, "device", None)
-    if isinstance(device, torch.device) and device.type == "cuda":  # the trainer's peak this step
-        ranks = [v for k, v in metrics.items() if k.startswith("perf/train_peak_gib_rank")]
+    if span is None:
+        return {}
+    return {"perf/overlap_s": max(0.0, min(span[1], train_span[1]) - max(span[0], train_span[0]))}
+
+
+def _step_metrics(
+    session: Session, timer: PhaseTimer, sync_s: float, rollout: RolloutBatch, update: dict[str, float]
+) -> dict[str, float]:
+    """Phase seconds, tokens per second, the micro-batch size in use and the trainer's GPU peak
+    (the largest of every rank's, which `update` holds with several ranks).
+    timing/sync_s is the engine's own figure: a sync that first waits for a rollout in flight does not
+    count the wait."""
+    t = {k: timer.seconds(k) for k in ("rollout", "reward", "sleep", "update", "sync")}
+    step_s = sum(t.values())
+    metrics = {"train/micro_batch_size": float(session.micro.value)}
+    device = session.backend.device
+    if device.type == "cuda":  # the trainer's peak this step
+        ranks = [v for k, v in update.items() if k.startswith("perf/train_peak_gib_rank")]
         metrics["perf/train_peak_gib"] = max([torch.cuda.max_memory_allocated(device) / 2**30, *ranks])
         torch.cuda.reset_peak_memory_stats(device)
     gen_tokens, all_tokens = float(rollout.response_mask.sum()), float(rollout.attention_mask.sum())
     metrics.update(
         {
-            "perf/gen_tokens_per_s": gen_tokens / max(t1 - t0, 1e-9),
-            "perf/tokens_per_s": all_tokens / max(t4 - t0, 1e-9),
-            "timing/rollout_s": t1 - t0,
-            "timing/reward_s": t2 - t1,
-            "timing/sleep_s": t_slept - t2,
-            "timing/update_s": t3 - t_slept,
+            "perf/gen_tokens_per_s": gen_tokens / max(t["rollout"], 1e-9),
+            "perf/tokens_per_s": all_tokens / max(step_s, 1e-9),
+            "timing/rollout_s": t["rollout"],
+            "timing/reward_s": t["reward"],
+            "timing/sleep_s": t["sleep"],
+            "timing/update_s": t["update"],
             "timing/sync_s": sync_s,
-            "timing/step_s": t4 - t0,
+            "timing/step_s": step_s,
         }
     )
     return metrics
@@ -342,19 +227,18 @@ def train_step(session: Session, sampler: PromptSampler, step: int, ledger: Ledg
 
 def train_update(session: Session, batch: UpdateBatch) -> dict[str, float]:
     """The step's update; with several train ranks every rank runs it on its share of the rows."""
-    micro = session.micro
-    assert micro is not None
-    if session.group is None:
+    micro, group = session.micro, session.group
+    if group is None:
         return run_update(session.backend, batch, session.cfg, session.kl_ctrl, micro)
-    group = session.group
+    local = cast("GroupBackend", session.backend).local  # rank 0's own backend, beside the followers'
     return group.update(
         batch,
         session.kl_ctrl.value,
-        lambda: run_update(session.backend.local, batch, session.cfg, session.kl_ctrl, micro, group.ranks),
+        lambda: run_update(local, batch, session.cfg, session.kl_ctrl, micro, group.ranks),
     )
 
 
-def _rollout_metrics(rollout, scores: torch.Tensor) -> dict[str, float]:
+def _rollout_metrics(rollout: RolloutBatch, scores: torch.Tensor) -> dict[str, float]:
     lengths = rollout.response_lengths().float()
     return {
         "reward/mean": float(scores.mean()),
@@ -382,8 +266,7 @@ def run_training(session: Session, run: RunDir, resume: bool = False) -> dict[st
     """The loop. Returns the summary (also written to RUN/summary.json)."""
     cfg, tr = session.cfg, session.cfg.trainer
     ledger = Ledger.from_config(cfg)
-    if session.reward_model is not None:
-        session.reward_model.ledger = ledger  # its device is billed while the model is loaded
+    session.scorer.bill_to(ledger)  # a reward model's device is billed while the model is loaded
     start, consumed = _resume(session, run, ledger) if resume else (1, 0)
     log = MetricsLog(run.path, tr.tensorboard, resume_step=start - 1 if resume else None)
     sampler = PromptSampler(len(session.train_set), tr.batch_size, tr.seed, cfg.data.shuffle, consumed)
@@ -399,18 +282,24 @@ def run_training(session: Session, run: RunDir, resume: bool = False) -> dict[st
     finally:
         progress.close()
         log.close()
-        if session.reward_worker is not None:
-            session.reward_worker.close()
-        if hasattr(session.engine, "close"):
-            session.engine.close()
-        if session.reward_model is not None:
-            session.reward_model.release()
+        session.engine.close()
+        session.scorer.close()  # stops the reward worker, releases a loaded reward model
         if session.group is not None:
             session.group.close()
     return _finish(session, run, ledger)
 
 
-def _steps(session, run, sampler, ledger, log, progress, start: int, stop: StopRequest) -> None:
+def _steps(
+    session: Session,
+    run: RunDir,
+    sampler: PromptSampler,
+    ledger: Ledger,
+    log: MetricsLog,
+    progress: Progress,
+    start: int,
+    stop: StopRequest,
+) -> None:
+    """Steps start..total_steps: train, check for divergence, validate, log, checkpoint, honour a signal."""
     tr = session.cfg.trainer
     skipped = 0
     for step in range(start, tr.total_steps + 1):
@@ -461,14 +350,3 @@ def _finish(session: Session, run: RunDir, ledger: Ledger) -> dict[str, Any]:
     atomic_write_text(run.path / "summary.json", json.dumps(summary, indent=2))
     print(summary_text(summary, bill(ledger, session.cfg)), flush=True)
     return summary
-
-
-def load_run_config(run_dir: Path, overrides: list[str]) -> Config:
-    from lite_verl.config import load_config
-
-    cfg_file = Path(run_dir) / "config.yaml"
-    if not cfg_file.is_file():
-        raise UserError(
-            f"--resume {run_dir}: no config.yaml there; give a run directory made by lite-verl train"
-        )
-    return load_config(None, str(cfg_file), overrides)

@@ -11,10 +11,9 @@ from __future__ import annotations
 
 import math
 import sys
-import time
 from collections import defaultdict
 from collections.abc import Callable
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 import torch
 
@@ -22,7 +21,11 @@ from lite_verl import algos
 from lite_verl.batch import Experience, RolloutBatch, Split, UpdateBatch, micro_batch_rows
 from lite_verl.config import AlgorithmConfig, Config, CriticConfig
 from lite_verl.errors import UserError
+from lite_verl.run.timing import PhaseTimer
 from lite_verl.train.dist import ONE_RANK, Ranks
+
+if TYPE_CHECKING:
+    from lite_verl.train.base import TrainBackend
 
 T = TypeVar("T")
 
@@ -124,7 +127,7 @@ def make_kl_controller(cfg: AlgorithmConfig) -> algos.FixedKLController | algos.
 
 
 def batched_log_probs(
-    backend, rollout: RolloutBatch, micro: Split, temperature: float, reference: bool
+    backend: TrainBackend, rollout: RolloutBatch, micro: Split, temperature: float, reference: bool
 ) -> torch.Tensor:
     """Log-probs [N, R] of the rollout's responses, no grad, in micro-batches of similar lengths with
     their common padding cut off."""
@@ -136,7 +139,7 @@ def batched_log_probs(
         )
 
 
-def batched_values(backend, rollout: RolloutBatch, micro: Split) -> torch.Tensor:
+def batched_values(backend: TrainBackend, rollout: RolloutBatch, micro: Split) -> torch.Tensor:
     with torch.no_grad(), backend.critic_mode():
         return _each_trimmed(rollout, micro, backend.values)
 
@@ -153,7 +156,7 @@ def _each_trimmed(rollout: RolloutBatch, micro: Split, fn: Callable[..., torch.T
 
 
 def make_experience(
-    backend,
+    backend: TrainBackend,
     rollout: RolloutBatch,
     scores: torch.Tensor,
     group_ids: list[int],
@@ -164,28 +167,9 @@ def make_experience(
     baselines: torch.Tensor | None = None,
     ranks: Ranks = ONE_RANK,
 ) -> tuple[Experience, dict[str, float]]:
-    """Old/reference log-probs, values, token rewards (with in-reward KL), advantages, IS weights.
-
-    Old log-probs are recomputed by the trainer unless the update is a single on-policy step with
-    nothing else needing them: then they equal the first forward of the update, detached. With several
-    ranks each computes its block of rows and gathers the rest (W times less compute than every rank
-    doing all rows); everything after that is cheap and computed whole, identically, on every rank.
-    """
+    """Old/reference log-probs, values, token rewards (with in-reward KL), advantages, IS weights."""
     mask = rollout.response_mask.float()
-    on_policy = cfg.ppo_epochs == 1 and cfg.ppo_mini_batch_size == 0
-    need_old = not on_policy or cfg.use_kl_in_reward or cfg.rollout_correction != "none"
-    need_ref = cfg.use_kl_loss or cfg.use_kl_in_reward
-    mine = rollout.take(ranks.share(mask.shape[0])) if ranks.world > 1 else rollout
-
-    def forward(m: int, reference: bool) -> torch.Tensor:
-        return batched_log_probs(backend, mine, m, temperature, reference=reference)
-
-    def all_rows(fn: Callable[[int], torch.Tensor]) -> torch.Tensor:
-        return ranks.gather(micro.retry_on_oom(fn, backend.zero_grad))
-
-    old = all_rows(lambda m: forward(m, False)) if need_old else None
-    ref = all_rows(lambda m: forward(m, True)) if need_ref else None
-    values = all_rows(lambda m: batched_values(backend, mine, m)) if cfg.adv_estimator == "gae" else None
+    old, ref, values = _no_grad_forwards(backend, rollout, cfg, micro, temperature, ranks)
     metrics: dict[str, float] = {}
     rewards = token_level_rewards(scores, mask)
     if cfg.use_kl_in_reward:
@@ -202,9 +186,7 @@ def make_experience(
         )
         metrics.update({f"rollout/{k}": float(v) for k, v in is_metrics.items()})
     if old is not None:
-        gap = (old - rollout.rollout_log_probs).abs() * mask
-        metrics["rollout/logprob_gap_mean"] = float(gap.sum() / mask.sum().clamp(min=1))
-        metrics["rollout/logprob_gap_max"] = float(gap.max())
+        metrics.update(_logprob_gap(old, rollout.rollout_log_probs, mask))
     exp = Experience(
         input_ids=rollout.input_ids,
         attention_mask=rollout.attention_mask,
@@ -220,6 +202,50 @@ def make_experience(
     return exp, metrics
 
 
+Optional = torch.Tensor | None
+
+
+def _no_grad_forwards(
+    backend: TrainBackend,
+    rollout: RolloutBatch,
+    cfg: AlgorithmConfig,
+    micro: MicroBatchSize,
+    temperature: float,
+    ranks: Ranks,
+) -> tuple[Optional, Optional, Optional]:
+    """-> (old log-probs, reference log-probs, values), each [N, R] or None when nothing needs it.
+
+    Old log-probs are recomputed by the trainer unless the update is a single on-policy step with
+    nothing else needing them: then they equal the first forward of the update, detached. With several
+    ranks each computes its block of rows and gathers the rest (W times less compute than every rank
+    doing all rows); everything after that is cheap and computed whole, identically, on every rank.
+    """
+    on_policy = cfg.ppo_epochs == 1 and cfg.ppo_mini_batch_size == 0
+    need_old = not on_policy or cfg.use_kl_in_reward or cfg.rollout_correction != "none"
+    need_ref = cfg.use_kl_loss or cfg.use_kl_in_reward
+    mine = rollout.take(ranks.share(rollout.response_mask.shape[0])) if ranks.world > 1 else rollout
+
+    def forward(m: Split, reference: bool) -> torch.Tensor:
+        return batched_log_probs(backend, mine, m, temperature, reference=reference)
+
+    def all_rows(fn: Callable[[Split], torch.Tensor]) -> torch.Tensor:
+        return ranks.gather(micro.retry_on_oom(fn, backend.zero_grad))
+
+    old = all_rows(lambda m: forward(m, False)) if need_old else None
+    ref = all_rows(lambda m: forward(m, True)) if need_ref else None
+    values = all_rows(lambda m: batched_values(backend, mine, m)) if cfg.adv_estimator == "gae" else None
+    return old, ref, values
+
+
+def _logprob_gap(old: torch.Tensor, rollout_log_probs: torch.Tensor, mask: torch.Tensor) -> dict[str, float]:
+    """How far the engine's sampling log-probs are from the trainer's, per response token."""
+    gap = (old - rollout_log_probs).abs() * mask
+    return {
+        "rollout/logprob_gap_mean": float(gap.sum() / mask.sum().clamp(min=1)),
+        "rollout/logprob_gap_max": float(gap.max()),
+    }
+
+
 def _mini_batches(num_rows: int, rows_per_mini: int) -> list[list[int]]:
     return [list(range(s, min(s + rows_per_mini, num_rows))) for s in range(0, num_rows, rows_per_mini)]
 
@@ -232,23 +258,29 @@ def _micro_batches(mb: Experience, micro: Split) -> list[Experience]:
 
 
 def run_update(
-    backend, batch: UpdateBatch, cfg: Config, kl_ctrl, micro: MicroBatchSize, ranks: Ranks = ONE_RANK
+    backend: TrainBackend,
+    batch: UpdateBatch,
+    cfg: Config,
+    kl_ctrl,
+    micro: MicroBatchSize,
+    ranks: Ranks = ONE_RANK,
 ) -> dict[str, float]:
     """One step's update on every rank alike: experience, then the critic's and the actor's updates."""
     a = cfg.algorithm
-    t0 = _clock(backend)
-    exp, metrics = make_experience(
-        backend, batch.rollout, batch.scores, batch.group_ids.tolist(), a, kl_ctrl, micro,
-        cfg.rollout.temperature, batch.baselines, ranks,
-    )  # fmt: skip
-    metrics["timing/experience_s"] = _clock(backend) - t0  # the no-grad forwards: old, reference, values
+    timer = PhaseTimer(backend.device)
+    with timer.phase("experience"):  # the no-grad forwards: old, reference, values
+        exp, metrics = make_experience(
+            backend, batch.rollout, batch.scores, batch.group_ids.tolist(), a, kl_ctrl, micro,
+            cfg.rollout.temperature, batch.baselines, ranks,
+        )  # fmt: skip
+    metrics.update(timer.metrics)
     rows_per_mini = (a.ppo_mini_batch_size or cfg.trainer.batch_size) * cfg.rollout.n
     if exp.values is not None:
         metrics.update(critic_update(backend, exp, a, cfg.critic, rows_per_mini, micro, ranks))
     if batch.step > cfg.critic.warmup_steps or exp.values is None:
         metrics.update(ppo_update(backend, exp, a, rows_per_mini, micro, cfg.rollout.temperature, ranks))
-    device = _cuda(backend)
-    if ranks.world > 1 and device is not None:
+    device = backend.device
+    if ranks.world > 1 and device.type == "cuda":
         # every rank's peak so far (rank 0 resets its own each step): the bill and the plan need them all
         peak = torch.tensor([torch.cuda.max_memory_allocated(device) / 2**30], dtype=torch.float64)
         metrics.update({f"perf/train_peak_gib_rank{r}": float(v) for r, v in enumerate(ranks.gather(peak))})
@@ -259,7 +291,7 @@ def run_update(
 
 
 def ppo_update(
-    backend,
+    backend: TrainBackend,
     exp: Experience,
     cfg: AlgorithmConfig,
     rows_per_mini: int,
@@ -269,13 +301,11 @@ def ppo_update(
 ) -> dict[str, float]:
     """cfg.ppo_epochs passes; one optimizer step per mini-batch; gradient accumulation over micro-batches."""
     backend.train_mode(True)
-    optimizer_s = 0.0
+    timer = PhaseTimer(backend.device)
 
     def step(out: dict[str, float]) -> dict[str, float]:
-        nonlocal optimizer_s
-        t0 = _clock(backend)
-        norm = backend.step()
-        optimizer_s += _clock(backend) - t0
+        with timer.phase("optimizer"):
+            norm = backend.step()
         ok = math.isfinite(norm) and math.isfinite(out["actor/loss"])
         return {"actor/grad_norm": norm, "actor/skipped_step": 0.0 if ok else 1.0}
 
@@ -285,21 +315,8 @@ def ppo_update(
     )  # fmt: skip
     out["actor/skipped_step"] = float(out["actor/skipped_step"] > 0)
     # clipping and the optimizer step(s), summed: with offloaded state, the host's share of the update
-    out["timing/optimizer_s"] = optimizer_s
+    out["timing/optimizer_s"] = timer.seconds("optimizer")
     return out
-
-
-def _cuda(backend) -> torch.device | None:
-    """The backend's GPU, None when it computes on the CPU."""
-    device = getattr(backend, "device", None)
-    return device if isinstance(device, torch.device) and device.type == "cuda" else None
-
-
-def _clock(backend) -> float:
-    """Seconds, after the backend's GPU has finished what was queued (a timing split that means what it says)."""
-    if (device := _cuda(backend)) is not None:
-        torch.cuda.synchronize(device)
-    return time.perf_counter()
 
 
 Norm = dict[str, float]  # global_tokens, global_seqs, global_length: the whole mini-batch's (algos.agg_loss)
@@ -341,7 +358,7 @@ def _each_mini_batch(
 
 
 def _actor_grads(
-    backend, mb: Experience, cfg: AlgorithmConfig, micro: Split, temperature: float, norm: Norm
+    backend: TrainBackend, mb: Experience, cfg: AlgorithmConfig, micro: Split, temperature: float, norm: Norm
 ) -> dict[str, float]:
     """Forward/backward over mb's micro-batches; metric sums weighted to add up over micro-batches
     and ranks to the whole mini-batch's values."""
@@ -381,7 +398,7 @@ def _actor_grads(
 
 
 def critic_update(
-    backend,
+    backend: TrainBackend,
     exp: Experience,
     cfg: AlgorithmConfig,
     critic: CriticConfig,
@@ -404,7 +421,12 @@ def critic_update(
 
 
 def _critic_grads(
-    backend, mb: Experience, cfg: AlgorithmConfig, critic: CriticConfig, micro: Split, norm: Norm
+    backend: TrainBackend,
+    mb: Experience,
+    cfg: AlgorithmConfig,
+    critic: CriticConfig,
+    micro: Split,
+    norm: Norm,
 ) -> dict[str, float]:
     out: dict[str, float] = defaultdict(float)
     dev = backend.device

@@ -266,8 +266,8 @@ def test_export_merges_the_trained_adapter(tmp_path):
     from peft import PeftModel
     from transformers import AutoModelForCausalLM
 
-    from lite_verl.loop import load_run_config
     from lite_verl.model.load import resolve_model_path
+    from lite_verl.run.rundir import load_run_config
 
     base_path = resolve_model_path(load_run_config(tmp_path / "run", []).model)
     ckpt = sorted((tmp_path / "run" / "checkpoints").iterdir())[-1]

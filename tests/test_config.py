@@ -119,7 +119,7 @@ def test_presets_do_not_change_the_maths():
 
 
 def test_placement_checks():
-    from lite_verl.config import from_dict
+    from lite_verl.config import from_dict, validate_config
 
     base = {
         "rollout": {"engine": "vllm", "gpus": [0, 1], "quantization": "none"},
@@ -127,11 +127,11 @@ def test_placement_checks():
         "cost": {"gpu_models": ["A10"] * 3, "price_per_hour": {"A10": 1.0}},
     }
     with pytest.raises(ConfigError, match=r"rollout.gpus \[0, 1\] overlaps train.gpus \[1, 2\]"):
-        from_dict(base).validate()
+        validate_config(from_dict(base))
     with pytest.raises(ConfigError, match="negative GPU id"):
-        from_dict({"train": {"gpus": [-1]}, "rollout": {"gpus": [-1]}}).validate()
+        validate_config(from_dict({"train": {"gpus": [-1]}, "rollout": {"gpus": [-1]}}))
     with pytest.raises(ConfigError, match="cost.gpu_models lists only 0"):
-        from_dict({"train": {"gpus": [0]}, "rollout": {"gpus": [0]}}).validate()
+        validate_config(from_dict({"train": {"gpus": [0]}, "rollout": {"gpus": [0]}}))
 
 
 def test_environment_check_rejects_missing_gpus():
@@ -158,3 +158,55 @@ def test_bill_charges_a_shared_gpu_once():
     assert rows["rollout"].held_s + rows["train"].held_s == pytest.approx(3600.0, rel=1e-3)
     assert rows["train"].held_s == pytest.approx(3 * rows["rollout"].held_s, rel=1e-3)
     assert sum(r.cost_usd for r in rows.values()) == pytest.approx(0.69, rel=1e-3)  # one 4090-hour
+
+
+def test_every_key_has_one_line_help():
+    from lite_verl.config import describe
+
+    helps = dict(describe())
+    assert list(helps) == all_keys()
+    for key, text in helps.items():
+        assert text.strip() and "\n" not in text, key
+
+
+def test_enumerated_keys_list_their_values_in_help_and_error():
+    import dataclasses
+
+    from lite_verl.config import Config, SyncConfig, describe, validate_config
+    from lite_verl.config.convert import choices, key_types
+
+    enumerated = {k: choices(tp) for k, tp in key_types() if choices(tp)}
+    assert {"model.dtype", "rollout.engine", "train.backend", "algorithm.loss_agg_mode", "sync.mode"} <= set(
+        enumerated
+    )
+    helps = dict(describe())
+    for key, allowed in enumerated.items():
+        assert helps[key].startswith(" | ".join(allowed) + ": "), key
+        with pytest.raises(ConfigError, match=f"^{key}='nope' must be ") as err:
+            load_config("laptop", None, [f"{key}=nope"])
+        assert "\n" not in str(err.value) and all(v in str(err.value) for v in allowed)
+    # a Config made in code is checked too
+    bad = dataclasses.replace(Config(), sync=SyncConfig(mode="x"))
+    with pytest.raises(ConfigError, match="sync.mode='x' must be adapter or merged"):
+        validate_config(bad)
+
+
+def test_loss_agg_modes_are_the_maths_modes():
+    import typing
+
+    from lite_verl import algos
+    from lite_verl.config.schema import LossAggMode
+
+    assert typing.get_args(LossAggMode) == algos.LOSS_AGG_MODES
+
+
+def test_full_finetune_is_fsdp_or_deepspeed():
+    from lite_verl.config import FULL_BACKENDS, TrainConfig
+
+    assert FULL_BACKENDS == ("fsdp", "deepspeed")
+    assert [TrainConfig(backend=b).full_finetune for b in ("lora", "qlora", "fsdp", "deepspeed")] == [
+        False,
+        False,
+        True,
+        True,
+    ]

@@ -38,8 +38,7 @@ def _cfg(backend: str, *extra: str):
 
 def _backend(backend: str, *extra: str):
     from lite_verl.model.load import resolve_model_path
-    from lite_verl.train.full import build_full_backend
-    from lite_verl.train.group import rank_device
+    from lite_verl.train.rank import build_full_backend, rank_device
 
     cfg = _cfg(backend, *extra)
     return build_full_backend(cfg, resolve_model_path(cfg.model), rank_device(cfg.train, 0)), cfg

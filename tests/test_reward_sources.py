@@ -1,8 +1,11 @@
-"""Reward model on demand (billed while loaded) and a remote reward endpoint with timeout and retry."""
+"""The reward seam (one Scorer per source, chosen by make_scorer), the reward model on demand (billed while
+loaded) and a remote reward endpoint with timeout and retry."""
 
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -12,8 +15,16 @@ import pytest
 import torch
 from conftest import SMALL
 
-from lite_verl.config import load_config
+from lite_verl.config import RewardConfig, load_config
+from lite_verl.data.schema import PromptRow
 from lite_verl.errors import ConfigError, ModelError, RewardError
+from lite_verl.reward.base import Scorer, make_scorer
+
+ROWS = [
+    PromptRow(({"role": "user", "content": "1+1?"},), "openai/gsm8k", "2", {"i": 0}),
+    PromptRow(({"role": "user", "content": "2+2?"},), "openai/gsm8k", "4", {"i": 1}),
+]
+TEXTS = ["so #### 2", "so #### 5"]
 
 
 def make_reward_model(out: Path, tiny_dir: Path, num_labels: int = 1) -> Path:
@@ -46,9 +57,10 @@ def test_reward_model_is_loaded_on_demand_and_released(tmp_path, tiny_dir, keep_
     session, summary = _run(
         tmp_path, f"reward.model={rm}", f"reward.keep_alive_s={keep_alive}", "data.val_size=0"
     )
-    assert session.reward_model.loads == loads  # once per scoring, or once for the run
-    assert session.reward_model.model is None  # released at the end of the run
-    scores = session.reward_model.score([({"role": "user", "content": "hi"},)] * 2, ["a b c", "zzzz"])
+    reward_model = session.scorer.reward_model
+    assert reward_model.loads == loads  # once per scoring, or once for the run
+    assert reward_model.model is None  # released at the end of the run
+    scores = reward_model.score([({"role": "user", "content": "hi"},)] * 2, ["a b c", "zzzz"])
     assert scores[0] != scores[1]  # a real model: different responses, different rewards
 
 
@@ -110,7 +122,7 @@ class _Server:
 
 
 def test_remote_reward_retries_then_scores():
-    from lite_verl.reward.model import score_remote
+    from lite_verl.reward.remote import score_remote
 
     server = _Server(fail_first=2)
     try:
@@ -125,7 +137,7 @@ def test_remote_reward_retries_then_scores():
 
 
 def test_remote_reward_timeout_is_a_clear_error_or_the_default(tmp_path):
-    from lite_verl.reward.model import score_remote
+    from lite_verl.reward.remote import score_remote
 
     server = _Server(delay_s=1.0)
     try:
@@ -136,3 +148,65 @@ def test_remote_reward_timeout_is_a_clear_error_or_the_default(tmp_path):
         assert summary["reward_first_10pct"] == pytest.approx(0.25)
     finally:
         server.close()
+
+
+def test_make_scorer_picks_one_scorer_per_source(tmp_path):
+    from lite_verl.reward.model import RewardModelScorer
+    from lite_verl.reward.remote import RemoteScorer
+    from lite_verl.reward.rules import InProcessScorer
+    from lite_verl.reward.worker import IsolatedScorer
+    from lite_verl.run.cost import Ledger
+
+    (tmp_path / "rw.py").write_text("def score(src, text, gt, extra):\n    return float(text.endswith(gt))\n")
+    rm = tmp_path / "rm"
+    rm.mkdir()
+    (rm / "config.json").write_text(json.dumps({"model_type": "qwen2", "num_labels": 1}))
+    fn = f"{tmp_path / 'rw.py'}:score"
+    cases = [
+        (RewardConfig(), InProcessScorer, [1.0, 0.0]),  # the rule reward
+        (RewardConfig(function=fn, isolate=False), InProcessScorer, [1.0, 0.0]),
+        (RewardConfig(function=fn), IsolatedScorer, [1.0, 0.0]),
+        (RewardConfig(model=str(rm)), RewardModelScorer, None),
+        (RewardConfig(url="http://127.0.0.1:9/score"), RemoteScorer, None),
+    ]
+    ledger = Ledger.from_config(load_config("laptop", None, []))
+    for cfg, kind, expected in cases:
+        scorer = make_scorer(cfg)
+        assert type(scorer) is kind and isinstance(scorer, Scorer)
+        scorer.bill_to(ledger)
+        scorer.start_step()
+        if expected is not None:
+            scores = scorer.score(ROWS, TEXTS)
+            assert scores.dtype == torch.float32 and scores.tolist() == expected
+        scorer.close()
+    assert (
+        make_scorer(RewardConfig(model=str(rm))).reward_model.ledger is None
+    )  # billed once bill_to is called
+
+
+def test_make_scorer_raises_before_anything_starts(tmp_path, tiny_dir):
+    with pytest.raises(RewardError, match="cannot import 'no_such_module_xyz'"):
+        make_scorer(RewardConfig(function="no_such_module_xyz:f"))
+    with pytest.raises(RewardError, match="cannot import 'no_such_module_xyz'"):  # isolated: checked here too
+        make_scorer(RewardConfig(function="no_such_module_xyz:f", isolate=True))
+    with pytest.raises(ModelError, match="num_labels=2; a reward model needs one output"):
+        make_scorer(RewardConfig(model=str(make_reward_model(tmp_path / "rm2", tiny_dir, num_labels=2))))
+
+
+def test_remote_scorer_default_on_error_warns():
+    scorer = make_scorer(
+        RewardConfig(url="http://127.0.0.1:9/score", retries=0, on_error="default", default_score=0.25)
+    )
+    with pytest.warns(
+        UserWarning, match=r"failed 1 times .*; scored 2 samples 0.25 \(reward.on_error=default\)"
+    ):
+        scores = scorer.score(ROWS, TEXTS)
+    assert scores.tolist() == [0.25, 0.25]
+    with pytest.raises(RewardError, match="failed 1 times"):
+        make_scorer(RewardConfig(url="http://127.0.0.1:9/score", retries=0)).score(ROWS, TEXTS)
+
+
+def test_reward_worker_child_starts_without_torch():
+    """The child imports worker.py and rules.py; torch there would count against reward.timeout_s."""
+    code = "import sys, lite_verl.reward.worker; assert 'torch' not in sys.modules, 'torch imported'"
+    subprocess.run([sys.executable, "-c", code], check=True)

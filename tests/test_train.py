@@ -287,3 +287,28 @@ def test_merged_buckets_with_everything_hold_the_whole_merged_model():
     assert some < set(whole) and set(whole) == set(reference)
     assert "model.embed_tokens.weight" in whole and "model.norm.weight" not in some
     assert all(torch.allclose(whole[n], reference[n].float(), atol=1e-6) for n in reference)
+
+
+def test_every_backend_provides_the_train_backend_protocol():
+    """LoRA, full fine-tuning and the multi-rank wrapper take the same arguments with the same defaults
+    for every method of train/base.TrainBackend, and say their capabilities as attributes."""
+    import inspect
+
+    from lite_verl.train.base import TrainBackend
+    from lite_verl.train.full import FullBackend
+    from lite_verl.train.group import GroupBackend
+    from lite_verl.train.lora import LoraBackend
+
+    def params(fn) -> list[tuple[str, object]]:
+        return [(p.name, p.default) for p in inspect.signature(fn).parameters.values()]
+
+    methods = [n for n, v in vars(TrainBackend).items() if inspect.isfunction(v) and not n.startswith("_")]
+    flags = ["has_adapter", "supports_critic", "sharded"]
+    assert {"forward", "merged_weight_buckets", "save", "load", "critic_step"} <= set(methods)
+    for cls in (LoraBackend, FullBackend, GroupBackend):
+        for name in methods:
+            assert params(getattr(cls, name)) == params(getattr(TrainBackend, name)), (cls.__name__, name)
+    assert [getattr(LoraBackend, f) for f in flags] == [True, True, False]
+    assert [getattr(FullBackend, f) for f in flags] == [False, False, True]
+    session = prepare(load_config("laptop", None, SMALL))
+    assert isinstance(session.backend, TrainBackend) and session.backend.device == torch.device("cpu")

@@ -1,7 +1,7 @@
 """Where presets live: presets/NAME.yaml in a checkout, shipped in the wheel as the package lite_verl.presets.
 
 A preset may also be given as a path to a YAML file. `auto` has no file: `train`, `plan` and `validate`
-resolve it from this machine's GPUs (lite_verl/auto.py), and the config it makes records `auto-NAME`, NAME
+resolve it from this machine's GPUs (lite_verl/tools/auto.py), and the config it makes records `auto-NAME`, NAME
 being the shipped preset it started from; `auto-NAME` loads as NAME, so such a config re-runs anywhere.
 """
 

@@ -2,35 +2,23 @@
 
 `validate_config` is static (no imports, no devices): presets are validated by it in the tests.
 `check_environment` looks at this machine: GPU ids present, optional packages installed.
+The allowed values of an enumerated key are its `Literal` type in schema.py; this module checks how
+keys combine (placement, backends, estimators) and the ranges of numbers.
 """
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 from pathlib import Path
+from typing import get_args
 
-from lite_verl.config.schema import Config
+from lite_verl.config.convert import choices, key_types, not_one_of
+from lite_verl.config.schema import AdvEstimator, Config, RolloutConfig, TrainConfig
 from lite_verl.errors import ConfigError, MissingDependency
 
-DTYPES = ("float32", "bfloat16", "float16")
-ENGINES = ("hf", "vllm")
-BACKENDS = ("lora", "qlora", "fsdp", "deepspeed")
-FULL_BACKENDS = ("fsdp", "deepspeed")  # full fine-tuning (train/full.py)
-ADV_ESTIMATORS = (
-    "gae",
-    "grpo",
-    "dr_grpo",
-    "rloo",
-    "reinforce_plus_plus",
-    "reinforce_plus_plus_baseline",
-    "remax",
-)
-GROUP_ESTIMATORS = ("grpo", "dr_grpo", "rloo", "reinforce_plus_plus_baseline")
-CORRECTIONS = ("auto", "none", "token", "sequence")
-KL_TYPES = ("kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3")
-LOSS_AGG_MODES = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
-SYNC_MODES = ("adapter", "merged")
-QUANTIZATIONS = ("none", "awq")
+ADV_ESTIMATORS: tuple[AdvEstimator, ...] = get_args(AdvEstimator)
+GROUP_ESTIMATORS: tuple[AdvEstimator, ...] = ("grpo", "dr_grpo", "rloo", "reinforce_plus_plus_baseline")
 
 # Parts of the design that have their own issue and are not built yet. A preset may name them: it then
 # fails validation with this message instead of crashing later.
@@ -40,15 +28,6 @@ BUILT_ALTERNATIVE = {
     "rollout.quantization": "none",
     "train.backend": "lora",
 }
-
-
-def _one_of(key: str, value: str, allowed: tuple[str, ...]) -> None:
-    if value not in allowed:
-        import difflib
-
-        near = difflib.get_close_matches(value, allowed, n=1)
-        hint = f"; did you mean '{near[0]}'?" if near else ""
-        raise ConfigError(f"{key}={value!r} is not one of {', '.join(allowed)}{hint}")
 
 
 def _positive(key: str, value: float, allow_zero: bool = False) -> None:
@@ -64,9 +43,12 @@ def _check_gpus(key: str, gpus: tuple[int, ...]) -> None:
         raise ConfigError(f"{key} {list(gpus)} names a GPU twice; list each local GPU id once")
 
 
-def validate_config(cfg: Config) -> None:
+def validate_config(cfg: Config) -> Config:
+    """`cfg` itself when every check passes; else the first failure's ConfigError."""
+    _check_choices(cfg)
     _check_model_data(cfg)
-    _check_rollout_train(cfg)
+    _check_rollout(cfg)
+    _check_train(cfg.train)
     _check_algorithm(cfg)
     _check_reward_trainer(cfg)
     _check_full_finetuning(cfg)
@@ -74,25 +56,50 @@ def validate_config(cfg: Config) -> None:
     _check_placement(cfg)
     _check_cost(cfg)
     _check_not_built(cfg)
+    return cfg
+
+
+def _check_choices(cfg: Config) -> None:
+    """Every key with a Literal type holds one of its values (from_dict checks them as it builds; a Config
+    made or replaced in code is checked here)."""
+    for key, tp in key_types():
+        allowed = choices(tp)
+        value = functools.reduce(getattr, key.split("."), cfg)
+        if allowed and value not in allowed:
+            raise not_one_of(key, value, allowed)
 
 
 def _check_model_data(cfg: Config) -> None:
     m, d = cfg.model, cfg.data
     if not m.path:
         raise ConfigError("model.path is empty; give an HF model directory or tiny:qwen2")
-    _one_of("model.dtype", m.dtype, DTYPES)
     from lite_verl.data.tasks import TASKS
 
-    _one_of("data.task", d.task, tuple(TASKS))
+    if d.task not in TASKS:
+        raise not_one_of("data.task", d.task, tuple(TASKS))
     _positive("data.task_size", d.task_size)
     _positive("data.val_size", d.val_size, allow_zero=True)
     _positive("data.max_prompt_length", d.max_prompt_length)
 
 
-def _check_rollout_train(cfg: Config) -> None:
+def _check_rollout(cfg: Config) -> None:
+    r = cfg.rollout
+    _check_staleness(cfg)
+    _check_sleep_level(cfg)
+    if r.quantization == "awq":
+        _check_awq(r)
+    _positive("rollout.n", r.n)
+    _positive("rollout.temperature", r.temperature)
+    if not 0 < r.top_p <= 1:
+        raise ConfigError(f"rollout.top_p={r.top_p} must be in (0, 1]")
+    _positive("rollout.max_new_tokens", r.max_new_tokens)
+    if not 0 < r.gpu_memory_utilization <= 1:
+        raise ConfigError(f"rollout.gpu_memory_utilization={r.gpu_memory_utilization} must be in (0, 1]")
+
+
+def _check_staleness(cfg: Config) -> None:
+    """rollout.max_staleness=1 overlaps the next rollout with the update: a vLLM process on its own cards."""
     r, t = cfg.rollout, cfg.train
-    _one_of("rollout.engine", r.engine, ENGINES)
-    _one_of("rollout.quantization", r.quantization, QUANTIZATIONS)
     if r.max_staleness not in (0, 1):
         raise ConfigError(
             f"rollout.max_staleness={r.max_staleness} must be 0 (synchronous) or 1 (one-step-off-policy)"
@@ -107,6 +114,10 @@ def _check_rollout_train(cfg: Config) -> None:
                 "rollout.max_staleness=1 needs split placement: give rollout.gpus other than train.gpus, or set "
                 "rollout.colocate=false to share the cards without sleeping (colocated, vLLM sleeps during updates)"
             )
+
+
+def _check_sleep_level(cfg: Config) -> None:
+    r = cfg.rollout
     if r.sleep_level not in (1, 2):
         raise ConfigError(
             f"rollout.sleep_level={r.sleep_level} must be 1 (park the weights) or 2 (discard them)"
@@ -117,27 +128,24 @@ def _check_rollout_train(cfg: Config) -> None:
             "them: it needs sync.mode=merged and rollout.quantization=none (AWQ layers keep kernel state a "
             "reload does not rewrite); set rollout.sleep_level=1"
         )
-    if r.quantization == "awq":
-        if r.engine != "vllm":
-            raise ConfigError(
-                "rollout.quantization=awq needs rollout.engine=vllm (set it, or rollout.quantization=none)"
-            )
-        if r.awq_group_size not in (32, 64, 128):
-            raise ConfigError(f"rollout.awq_group_size={r.awq_group_size} must be 32, 64 or 128")
-        if r.quantized_path and not Path(r.quantized_path).is_dir():
-            raise ConfigError(
-                f"rollout.quantized_path={r.quantized_path!r} does not exist; make it with `lite-verl quantize` "
-                "or leave it empty to quantize on first use"
-            )
-    _positive("rollout.n", r.n)
-    _positive("rollout.temperature", r.temperature)
-    if not 0 < r.top_p <= 1:
-        raise ConfigError(f"rollout.top_p={r.top_p} must be in (0, 1]")
-    _positive("rollout.max_new_tokens", r.max_new_tokens)
-    if not 0 < r.gpu_memory_utilization <= 1:
-        raise ConfigError(f"rollout.gpu_memory_utilization={r.gpu_memory_utilization} must be in (0, 1]")
 
-    _one_of("train.backend", t.backend, BACKENDS)
+
+def _check_awq(r: RolloutConfig) -> None:
+    """rollout.quantization=awq: vLLM serves a 4-bit model, given or quantized on first use."""
+    if r.engine != "vllm":
+        raise ConfigError(
+            "rollout.quantization=awq needs rollout.engine=vllm (set it, or rollout.quantization=none)"
+        )
+    if r.awq_group_size not in (32, 64, 128):
+        raise ConfigError(f"rollout.awq_group_size={r.awq_group_size} must be 32, 64 or 128")
+    if r.quantized_path and not Path(r.quantized_path).is_dir():
+        raise ConfigError(
+            f"rollout.quantized_path={r.quantized_path!r} does not exist; make it with `lite-verl quantize` "
+            "or leave it empty to quantize on first use"
+        )
+
+
+def _check_train(t: TrainConfig) -> None:
     _positive("train.lr", t.lr)
     _positive("train.weight_decay", t.weight_decay, allow_zero=True)
     _positive("train.micro_batch_size", t.micro_batch_size)
@@ -156,9 +164,6 @@ def _check_rollout_train(cfg: Config) -> None:
 
 def _check_algorithm(cfg: Config) -> None:
     r, t, a, tr = cfg.rollout, cfg.train, cfg.algorithm, cfg.trainer
-    _one_of("algorithm.adv_estimator", a.adv_estimator, ADV_ESTIMATORS)
-    _one_of("algorithm.kl_loss_type", a.kl_loss_type, KL_TYPES)
-    _one_of("algorithm.loss_agg_mode", a.loss_agg_mode, LOSS_AGG_MODES)
     _positive("algorithm.kl_loss_coef", a.kl_loss_coef, allow_zero=True)
     _positive("algorithm.clip_ratio_low", a.clip_ratio_low, allow_zero=True)
     _positive("algorithm.clip_ratio_high", a.clip_ratio_high, allow_zero=True)
@@ -170,9 +175,6 @@ def _check_algorithm(cfg: Config) -> None:
         raise ConfigError(
             f"algorithm.ppo_mini_batch_size={a.ppo_mini_batch_size} must divide trainer.batch_size={tr.batch_size}"
         )
-    _one_of("algorithm.kl_penalty", a.kl_penalty, KL_TYPES)
-    _one_of("algorithm.kl_ctrl_type", a.kl_ctrl_type, ("fixed", "adaptive"))
-    _one_of("algorithm.rollout_correction", a.rollout_correction, CORRECTIONS)
     _positive("algorithm.kl_coef", a.kl_coef, allow_zero=True)
     _positive("algorithm.kl_target", a.kl_target)
     _positive("algorithm.kl_horizon", a.kl_horizon)
@@ -184,7 +186,7 @@ def _check_algorithm(cfg: Config) -> None:
     _positive("critic.lr", cfg.critic.lr)
     _positive("critic.cliprange_value", cfg.critic.cliprange_value)
     _positive("critic.warmup_steps", cfg.critic.warmup_steps, allow_zero=True)
-    if a.adv_estimator == "gae" and t.backend not in ("lora", "qlora"):
+    if a.adv_estimator == "gae" and t.full_finetune:
         raise ConfigError(
             f"algorithm.adv_estimator=gae needs a critic, which lite-verl builds as a second LoRA adapter; "
             f"train.backend={t.backend} has none yet: use train.backend=lora or a critic-free estimator (grpo)"
@@ -202,7 +204,6 @@ def _check_reward_trainer(cfg: Config) -> None:
             f"reward.function={w.function!r} must be module:function or path/to/file.py:function"
         )
     _positive("reward.timeout_s", w.timeout_s)
-    _one_of("reward.on_error", w.on_error, ("raise", "default"))
     if w.on_error == "default" and w.function and not w.isolate:
         raise ConfigError("reward.on_error=default needs reward.isolate=true (a worker process to restart)")
     if w.device != "cpu" and not (w.device.startswith("cuda:") and w.device[5:].isdigit()):
@@ -218,7 +219,6 @@ def _check_reward_trainer(cfg: Config) -> None:
     if w.url and not w.url.startswith(("http://", "https://")):
         raise ConfigError(f"reward.url={w.url!r} must start with http:// or https://")
     _positive("reward.retries", w.retries, allow_zero=True)
-    _one_of("sync.mode", cfg.sync.mode, SYNC_MODES)
     _positive("sync.bucket_mb", cfg.sync.bucket_mb)
 
     _positive("trainer.total_steps", tr.total_steps)
@@ -232,16 +232,12 @@ def _check_reward_trainer(cfg: Config) -> None:
 def _check_full_finetuning(cfg: Config) -> None:
     """train.backend=fsdp|deepspeed (train/full.py) and its offload knobs."""
     t = cfg.train
-    if t.optimizer_state_dtype not in ("float32", "bfloat16"):
-        raise ConfigError(
-            f"train.optimizer_state_dtype={t.optimizer_state_dtype!r} must be float32 or bfloat16"
-        )
     if t.optimizer_state_dtype != "float32" and t.backend != "fsdp":
         raise ConfigError(
             f"train.optimizer_state_dtype={t.optimizer_state_dtype} applies to train.backend=fsdp (AdamW over "
             f"full weights); train.backend={t.backend} keeps float32: set train.optimizer_state_dtype=float32"
         )
-    if t.backend not in FULL_BACKENDS:
+    if not t.full_finetune:
         for key, on in (
             ("train.offload_params", t.offload_params),
             ("train.offload_optimizer", t.offload_optimizer),

@@ -1,25 +1,27 @@
-"""Reward sources beyond rules and functions: a reward model started on demand, and a remote endpoint.
+"""A reward model started on demand (reward.model).
 
     reward.model: DIR        a HF sequence-classification model with one output (a scalar reward head),
                              on reward.device; loaded to score, released after reward.keep_alive_s idle
-    reward.url: http://...   POST {"items": [{data_source, solution_str, ground_truth, extra_info}]}
-                             -> {"scores": [float, ...]}; reward.timeout_s per request, reward.retries
 
 The reward model's device is billed only while the model is loaded (the seed's "start it on demand"):
-OnDemandRewardModel reports its loaded seconds to the Ledger (cost.py).
+OnDemandRewardModel reports its loaded seconds to the Ledger (run/cost.py). `RewardModelScorer` is its
+`Scorer` (base.py).
 """
 
 from __future__ import annotations
 
-import json
-import math
 import time
-import urllib.error
-import urllib.request
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from lite_verl.errors import ModelError, RewardError
+import torch
+
+from lite_verl.data.schema import PromptRow
+from lite_verl.errors import ModelError
+
+if TYPE_CHECKING:
+    from lite_verl.run.cost import Ledger
 
 BATCH = 16  # sequences per reward-model forward
 
@@ -104,33 +106,22 @@ class OnDemandRewardModel:
         return out
 
 
-def score_remote(url: str, items: list[dict[str, Any]], timeout_s: float, retries: int) -> list[float]:
-    """POST the items; retry on network errors, timeouts and 5xx with backoff; -> one float per item."""
-    body = json.dumps({"items": items}).encode()
-    last = ""
-    for attempt in range(retries + 1):
-        if attempt:
-            time.sleep(min(0.5 * 2 ** (attempt - 1), 8.0))
-        request = urllib.request.Request(url, data=body, headers={"Content-Type": "application/json"})
-        try:
-            with urllib.request.urlopen(request, timeout=timeout_s) as response:
-                scores = json.loads(response.read()).get("scores")
-            break
-        except urllib.error.HTTPError as e:
-            last = f"HTTP {e.code}"
-            if e.code < 500:  # the request is wrong: retrying will not help
-                raise RewardError(
-                    f"reward.url={url} answered {last}; check the endpoint and its input format"
-                ) from None
-        except (urllib.error.URLError, TimeoutError, OSError, ValueError) as e:
-            last = f"{type(e).__name__}: {getattr(e, 'reason', e)}"
-    else:
-        raise RewardError(
-            f"reward.url={url} failed {retries + 1} times ({last}); check the endpoint, or raise reward.timeout_s / reward.retries"
-        )
-    if not isinstance(scores, list) or len(scores) != len(items):
-        raise RewardError(f'reward.url={url} must answer {{"scores": [...]}} with {len(items)} numbers')
-    for i, v in enumerate(scores):
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
-            raise RewardError(f"reward.url={url} returned {v!r} for item {i}; scores must be finite numbers")
-    return [float(v) for v in scores]
+class RewardModelScorer:
+    """The `Scorer` for reward.model: scores [prompt messages + response] with the on-demand model."""
+
+    def __init__(self, reward_model: OnDemandRewardModel) -> None:
+        self.reward_model = reward_model
+
+    def score(self, rows: Sequence[PromptRow], texts: Sequence[str]) -> torch.Tensor:
+        """[N] float32."""
+        values = self.reward_model.score([r.messages for r in rows], list(texts))
+        return torch.tensor(values, dtype=torch.float32)
+
+    def start_step(self) -> None:
+        self.reward_model.release_if_idle()
+
+    def bill_to(self, ledger: Ledger) -> None:
+        self.reward_model.ledger = ledger  # its device is billed while the model is loaded
+
+    def close(self) -> None:
+        self.reward_model.release()

@@ -3,7 +3,8 @@
 Every reward function has verl's signature
     fn(data_source: str, solution_str: str, ground_truth: str, extra_info: dict | None) -> float | dict
 (a dict must hold "score"). The value must be a finite number; anything else is a RewardError that
-names the function, the sample and the fix.
+names the function, the sample and the fix. `InProcessScorer` calls one in this process (the rule
+rewards, or reward.function with reward.isolate=false); worker.py runs a user function in a child.
 """
 
 from __future__ import annotations
@@ -15,10 +16,16 @@ import re
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from lite_verl.data.schema import PromptRow
 from lite_verl.data.tasks import ARITH_SOURCE, ECHO_LEN, ECHO_SOURCE
 from lite_verl.errors import RewardError
+
+if TYPE_CHECKING:  # torch loads lazily: the worker's child process imports this module
+    import torch
+
+    from lite_verl.run.cost import Ledger
 
 RewardFn = Callable[..., Any]
 
@@ -118,3 +125,33 @@ def check_value(value: Any, i: int, data_source: str, name: str) -> float:
             f"{name} returned {value!r} on sample {i} (data_source {data_source!r}); it must return a finite float"
         )
     return float(value)
+
+
+class InProcessScorer:
+    """The `Scorer` (base.py) for a reward function called in this process; `name` is used in its errors."""
+
+    def __init__(self, fn: RewardFn, name: str) -> None:
+        self.fn, self.name = fn, name
+
+    def score(self, rows: Sequence[PromptRow], texts: Sequence[str]) -> torch.Tensor:
+        """[N] float32."""
+        import torch
+
+        values = score_batch(
+            self.fn,
+            [r.data_source for r in rows],
+            texts,
+            [r.ground_truth for r in rows],
+            [r.extra_info for r in rows],
+            name=self.name,
+        )
+        return torch.tensor(values, dtype=torch.float32)
+
+    def start_step(self) -> None:
+        pass
+
+    def bill_to(self, ledger: Ledger) -> None:
+        pass  # runs on the controller's CPU, already billed
+
+    def close(self) -> None:
+        pass

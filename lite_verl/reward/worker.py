@@ -4,17 +4,25 @@ A user function that raises, crashes its process (segfault, os._exit) or hangs m
 trainer with it. The worker evaluates one sample at a time and answers each; the controller waits
 at most `reward.timeout_s` per sample. On a failure, `reward.on_error` decides: `raise` (the default)
 stops the run with one line naming the function, the sample and the fix; `default` scores the sample
-`reward.default_score`, warns, restarts the worker if needed and goes on.
+`reward.default_score`, warns, restarts the worker if needed and goes on. `IsolatedScorer` is the
+`Scorer` (base.py) over one RewardWorker.
 """
 
 from __future__ import annotations
 
 import multiprocessing as mp
 import sys
-from typing import Any
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
 
+from lite_verl.data.schema import PromptRow
 from lite_verl.errors import RewardError
 from lite_verl.reward.rules import check_value, load_reward_function
+
+if TYPE_CHECKING:  # torch loads lazily: the worker's child process imports this module
+    import torch
+
+    from lite_verl.run.cost import Ledger
 
 
 def _serve(spec: str, conn) -> None:  # pragma: no cover - runs in the child process
@@ -132,3 +140,26 @@ class RewardWorker:
             file=sys.stderr,
         )
         return self.default_score
+
+
+class IsolatedScorer:
+    """The `Scorer` for reward.function in a worker process (reward.isolate=true)."""
+
+    def __init__(self, worker: RewardWorker) -> None:
+        self.worker = worker
+
+    def score(self, rows: Sequence[PromptRow], texts: Sequence[str]) -> torch.Tensor:
+        """[N] float32."""
+        import torch
+
+        items = [(r.data_source, t, r.ground_truth, r.extra_info) for r, t in zip(rows, texts)]
+        return torch.tensor(self.worker.score(items), dtype=torch.float32)
+
+    def start_step(self) -> None:
+        pass
+
+    def bill_to(self, ledger: Ledger) -> None:
+        pass  # a CPU process next to the controller, already billed
+
+    def close(self) -> None:
+        self.worker.close()

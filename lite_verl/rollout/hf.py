@@ -1,10 +1,15 @@
 """Rollout with transformers `generate` on the trained model itself (colocated, no weight copy).
 
 For laptops, CPU CI and as a correctness reference for vLLM. Because the engine holds the very module
-the trainer updates, `sync_weights` has nothing to move.
+the trainer updates, `sync_weights` has nothing to move, and sleep/wake/close have nothing to free.
+It generates in the trainer's own process, so it cannot overlap a rollout with the update
+(`overlaps` is False; config validation allows rollout.max_staleness=1 only with rollout.engine=vllm).
 """
 
 from __future__ import annotations
+
+import time
+from typing import Any
 
 import torch
 
@@ -34,9 +39,13 @@ def response_mask_after_eos(response_ids: torch.Tensor, eos_ids: set[int]) -> to
 
 
 class HFRolloutEngine:
+    """A RolloutEngine (rollout/base.py) over the trained module."""
+
+    overlaps = False
+
     def __init__(
         self,
-        model: torch.nn.Module,
+        model: Any,  # a transformers PreTrainedModel (or a peft model around one): has generate()
         tokenizer,
         device: torch.device,
         chunk_size: int = 256,
@@ -53,9 +62,11 @@ class HFRolloutEngine:
         eos_list = eos if isinstance(eos, list) else [eos] if eos is not None else []
         self.eos_ids = {int(e) for e in eos_list} | {int(tokenizer.eos_token_id)}
         self.pad_id = int(tokenizer.pad_token_id)
+        self.last_generate_span: tuple[float, float] = (0.0, 0.0)
 
     @torch.no_grad()
     def generate(self, prompts: list[list[int]], sampling: SamplingSettings, seed: int) -> RolloutBatch:
+        began = time.time()
         rows = [p for p in prompts for _ in range(sampling.n)]
         was_training = self.model.training
         self.model.eval()
@@ -65,6 +76,7 @@ class HFRolloutEngine:
             for start in range(0, len(rows), self.chunk_size):
                 outs.append(self._generate_chunk(rows[start : start + self.chunk_size], sampling))
         self.model.train(was_training)
+        self.last_generate_span = (began, time.time())
         return _concat(outs, self.pad_id)
 
     def _generate_chunk(self, rows: list[list[int]], sampling: SamplingSettings) -> RolloutBatch:
@@ -99,8 +111,32 @@ class HFRolloutEngine:
         response_ids = torch.where(mask.bool(), response_ids, torch.full_like(response_ids, self.pad_id))
         return RolloutBatch(prompt_ids, prompt_mask, response_ids, mask, log_probs * mask)
 
+    def submit(self, prompts: list[list[int]], sampling: SamplingSettings, seed: int) -> None:
+        raise RuntimeError(_NO_OVERLAP)
+
+    def collect(self) -> RolloutBatch:
+        raise RuntimeError(_NO_OVERLAP)
+
+    def finished_span(self) -> tuple[float, float] | None:
+        return None  # never a rollout in flight
+
     def sync_weights(self, step: int) -> float:
         return 0.0  # the engine generates with the trained module itself
+
+    def sleep(self) -> None:
+        pass  # no memory of its own: the weights are the trainer's, there is no KV cache kept between calls
+
+    def wake(self) -> None:
+        pass
+
+    def close(self) -> None:
+        pass  # no process or file of its own
+
+
+_NO_OVERLAP = (
+    "rollout.engine=hf generates in the trainer's process and cannot overlap a rollout with the update "
+    "(rollout.max_staleness=1 needs rollout.engine=vllm)"
+)
 
 
 def _concat(parts: list[RolloutBatch], pad_id: int) -> RolloutBatch:

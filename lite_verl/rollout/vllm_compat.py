@@ -138,7 +138,7 @@ def fp32_lm_head() -> dict[str, Any]:
         return F.linear(x.float(), layer.weight.float(), None if bias is None else bias.float())
 
     apply._lite_verl_fp32 = True  # type: ignore[attr-defined]
-    UnquantizedEmbeddingMethod.apply = apply
+    UnquantizedEmbeddingMethod.apply = apply  # type: ignore[method-assign]
     return {}
 
 
@@ -191,7 +191,7 @@ def _install_memory_loader() -> None:
         return _lora_from_memory(self, lora_request.lora_int_id, *staged)
 
     _load_adapter._lite_verl = True  # type: ignore[attr-defined]
-    WorkerLoRAManager._load_adapter = _load_adapter
+    WorkerLoRAManager._load_adapter = _load_adapter  # type: ignore[method-assign]
 
 
 def _lora_from_memory(manager: Any, lora_id: int, tensors: dict[str, Any], config: dict[str, Any]) -> Any:

@@ -11,29 +11,31 @@
   most one bucket); vLLM serves plain weights, no LoRA kernels in the decode path.
 * Colocated (rollout.gpus == train.gpus, CUDA): vLLM sleeps (frees its KV cache) while the trainer
   works and wakes before the next rollout.
+
+Built by rollout/factory.py through `VLLMRolloutEngine.from_config`; rollout/vllm_start.py configures
+and spawns the worker, this module waits for it and drives it (generate, submit/collect, weight sync).
 """
 
 from __future__ import annotations
 
-import multiprocessing as mp
 import os
 import shutil
 import sys
 import tempfile
 import time
-from contextlib import contextmanager, suppress
+from contextlib import suppress
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from lite_verl.batch import RolloutBatch
-from lite_verl.config import Config
-from lite_verl.device import nccl_env, visible_devices_env
+from lite_verl.config import Config, RolloutConfig, SyncConfig
 from lite_verl.errors import UserError
 from lite_verl.rollout.base import SamplingSettings
 from lite_verl.rollout.hf import left_pad, response_mask_after_eos
-from lite_verl.rollout.vllm_worker import WorkerOptions, worker_main
+from lite_verl.rollout.vllm_start import start_worker, worker_options
+from lite_verl.rollout.vllm_worker import WorkerOptions
 
 START_TIMEOUT_S = 900
 
@@ -42,96 +44,53 @@ class RolloutWorkerError(UserError):
     """The vLLM worker failed; the message carries vLLM's own reason."""
 
 
-@contextmanager
-def _env(values: dict[str, str]):
-    old = {k: os.environ.get(k) for k in values}
-    os.environ.update(values)
-    try:
-        yield
-    finally:
-        for k, v in old.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
-
-
 class VLLMRolloutEngine:
-    def __init__(self, cfg: Config, model_path: Path, tokenizer, backend) -> None:
+    """A RolloutEngine (rollout/base.py) over a vLLM worker process (rollout/vllm_worker.py)."""
+
+    overlaps = True  # the worker is its own process: a submitted rollout runs while the trainer updates
+
+    @classmethod
+    def from_config(cls, cfg: Config, model_path: Path, tokenizer, backend) -> VLLMRolloutEngine:
+        """The engine of a run: vLLM serves `model_path` (the trained model, or its AWQ version) and
+        takes its weights from `backend` after each update."""
         from lite_verl.rollout.vllm_compat import require_vllm
 
         require_vllm()
-        r = cfg.rollout
-        self.cfg, self.tokenizer, self.backend = cfg, tokenizer, backend
-        self.mode = cfg.sync.mode
-        self.same_gpus = bool(r.gpus) and r.gpus == cfg.train.gpus  # weights can move by CUDA IPC
-        self.colocated = self.same_gpus and r.colocate  # the hybrid engine: vLLM sleeps during updates
+        same_gpus = bool(cfg.rollout.gpus) and cfg.rollout.gpus == cfg.train.gpus
+        options = worker_options(cfg, model_path, colocated=same_gpus and cfg.rollout.colocate)
+        return cls(cfg.rollout, cfg.sync, options, tokenizer, backend, same_gpus)
+
+    def __init__(
+        self,
+        rollout: RolloutConfig,
+        sync: SyncConfig,
+        options: WorkerOptions,
+        tokenizer,
+        backend,
+        same_gpus: bool,
+    ) -> None:
+        """Start the worker with `options` and wait until vLLM serves (START_TIMEOUT_S). `same_gpus`:
+        rollout.gpus == train.gpus, so weights can move by CUDA IPC."""
+        self.rollout, self.sync, self.tokenizer, self.backend = rollout, sync, tokenizer, backend
+        self.mode = sync.mode
+        self.same_gpus = same_gpus
+        self.colocated = same_gpus and rollout.colocate  # the hybrid engine: vLLM sleeps during updates
+        self.serving_dtype = options.dtype
+        # the "awq" kernel (not awq_marlin): merged sync copies re-quantized tensors into place
+        self.awq_copy = options.quantization == "awq"
+        # rollout.quantization=awq: how trained weights map into the 4-bit model
+        self.recipe = _awq_recipe(rollout, Path(options.model))
         self.sleeping = False
         self.version = 0
         self.last_sync_parts: dict[str, float] = {}
-        self._pending: tuple[list[list[int]], SamplingSettings, int] | None = (
-            None  # an async generate in flight
-        )
+        # an async generate in flight: (prompts, sampling, greedy copies)
+        self._pending: tuple[list[list[int]], SamplingSettings, int] | None = None
         self._ready: Any = None  # its reply, once another command had to read past it
         self.last_generate_span: tuple[float, float] = (0.0, 0.0)  # the worker's wall-clock start, end
         self.pad_id = int(tokenizer.pad_token_id)
-        self.eos_ids = sorted({int(tokenizer.eos_token_id)} | _generation_eos(model_path))
-        self.shm = Path(
-            tempfile.mkdtemp(
-                prefix="lite-verl-adapters-", dir="/dev/shm" if Path("/dev/shm").is_dir() else None
-            )
-        )
-        self.serving_dtype = "float32" if not r.gpus and cfg.model.dtype == "float16" else cfg.model.dtype
-        self.recipe = None
-        self.awq_copy = False
-        if r.quantization == "awq":
-            from lite_verl.quant.awq import AWQRecipe
-            from lite_verl.rollout.vllm_compat import can_reload_quantized
-
-            # merged AWQ on a vLLM that cannot re-run awq_marlin's repacking (0.26): serve the "awq" kernel,
-            # whose layout is the checkpoint's, and copy re-quantized tensors into place (one GPU only)
-            self.awq_copy = self.mode == "merged" and not can_reload_quantized()
-            if self.awq_copy and (len(r.gpus) != 1):
-                import vllm
-
-                raise UserError(
-                    f"sync.mode=merged with rollout.quantization=awq needs one rollout GPU on vLLM "
-                    f"{vllm.__version__} (no in-place reload of quantized layers); use sync.mode=adapter, "
-                    f"rollout.gpus=[one id], or a newer vLLM"
-                )
-            self.recipe = AWQRecipe.load(model_path)  # how trained weights map into the 4-bit model
-            self.serving_dtype = "float16" if r.gpus else "bfloat16"  # AWQ kernels: fp16 (GPU), bf16 (CPU)
-        options = WorkerOptions(
-            model=str(model_path),
-            dtype=self.serving_dtype,  # no fp16 on CPU
-            gpu_memory_utilization=r.gpu_memory_utilization,
-            max_model_len=cfg.full_length,
-            max_lora_rank=_lora_rank_slot(cfg.train.lora_rank) if self.mode == "adapter" else 0,
-            enforce_eager=r.enforce_eager,
-            sleep_mode=self.colocated and torch.cuda.is_available(),
-            seed=cfg.trainer.seed,
-            quantization=_awq_kernel(r.quantization, bool(r.gpus), self.awq_copy),
-            fp32_lm_head=cfg.model.fp32_lm_head and self.serving_dtype != "float32",
-            tensor_parallel_size=max(len(r.gpus), 1),
-        )
-        env = {
-            "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
-            "VLLM_USE_FLASHINFER_SAMPLER": "0",
-            "TOKENIZERS_PARALLELISM": "false",
-        }
-        if r.gpus:
-            env.update(visible_devices_env(r.gpus))
-            env.update(nccl_env(r.gpus))  # tensor parallel over cards without peer access
-        else:
-            env.setdefault("VLLM_CPU_KVCACHE_SPACE", os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1"))
-            if r.max_staleness and "VLLM_CPU_OMP_THREADS_BIND" not in os.environ:
-                env.update(_split_cpu_cores())  # rollout and update run at once: give each its own cores
-        ctx = mp.get_context("spawn")
-        self.conn, child = ctx.Pipe()
-        with _env(env):
-            self.proc = ctx.Process(target=worker_main, args=(child, options), daemon=True)
-            self.proc.start()
-        child.close()
+        self.eos_ids = sorted({int(tokenizer.eos_token_id)} | _generation_eos(Path(options.model)))
+        self.shm = _adapter_dir()
+        self.conn, self.proc = start_worker(options, rollout)
         features = self._wait("start", START_TIMEOUT_S) or {}
         # adapter sync from memory (no file) where this vLLM allows it; LITE_VERL_ADAPTER_FILES=1 forces files
         self.memory_lora = bool(features.get("memory_lora")) and not os.environ.get("LITE_VERL_ADAPTER_FILES")
@@ -153,9 +112,7 @@ class VLLMRolloutEngine:
                 print(trace, file=sys.stderr)
             where = [ln.strip() for ln in trace.splitlines() if ln.strip().startswith("File ")][-1:]
             result = f"{result} ({where[0]})" if where else result
-            raise RolloutWorkerError(
-                f"{result}; rollout.engine=vllm, rollout.gpus={list(self.cfg.rollout.gpus)}"
-            )
+            raise RolloutWorkerError(f"{result}; rollout.engine=vllm, rollout.gpus={list(self.rollout.gpus)}")
         return result
 
     def _call(self, command: str, timeout: float = 3600, **kwargs: Any) -> Any:
@@ -241,14 +198,16 @@ class VLLMRolloutEngine:
     def sleep(self) -> None:
         """Colocated on CUDA: free vLLM's KV cache while the trainer runs."""
         if self.colocated and torch.cuda.is_available() and not self.sleeping and self._pending is None:
-            self._call("sleep", level=self.cfg.rollout.sleep_level)
+            self._call("sleep", level=self.rollout.sleep_level)
             self.sleeping = True
 
     def wake(self, reload: bool = True) -> None:
+        """Take back the KV cache; after rollout.sleep_level=2 also the weights (unless `reload` is False:
+        a merged sync is about to load them all anyway)."""
         if self.sleeping:
             self._call("wake")
             self.sleeping = False
-            if self.cfg.rollout.sleep_level == 2 and reload:  # its weights were discarded: the trainer's
+            if self.rollout.sleep_level == 2 and reload:  # its weights were discarded: the trainer's
                 self._push_merged()
 
     # --- weight sync -----------------------------------------------------------------------------
@@ -305,9 +264,9 @@ class VLLMRolloutEngine:
         """Buckets go one at a time (extra peak memory: one bucket on each side), then the prefix cache
         is reset: cached KV was computed with the old weights."""
         share_cuda = self.same_gpus and torch.cuda.is_available()
-        bucket_bytes = int(self.cfg.sync.bucket_mb * 2**20)
+        bucket_bytes = int(self.sync.bucket_mb * 2**20)
         convert = self._awq_linear if self.recipe else None
-        everything = self.cfg.rollout.sleep_level == 2  # asleep it discarded all its weights, not only LoRA's
+        everything = self.rollout.sleep_level == 2  # asleep it discarded all its weights, not only LoRA's
         for bucket in self.backend.merged_weight_buckets(
             bucket_bytes, self.serving_dtype, convert, everything
         ):
@@ -347,35 +306,19 @@ class VLLMRolloutEngine:
         return self._call("stats")
 
 
-def _split_cpu_cores() -> dict[str, str]:
-    """One-step-off-policy on a CPU: the vLLM worker gets the upper half of this process's cores, the
-    trainer the rest (two sets of OpenMP threads on the same cores slow both down several times)."""
-    cores = (
-        sorted(os.sched_getaffinity(0))
-        if hasattr(os, "sched_getaffinity")
-        else list(range(os.cpu_count() or 1))
-    )
-    if len(cores) < 2:
-        return {}
-    half = len(cores) // 2
-    torch.set_num_threads(half)
-    return {"VLLM_CPU_OMP_THREADS_BIND": ",".join(str(c) for c in cores[half:])}
-
-
-def _awq_kernel(quantization: str, gpu: bool, awq_copy: bool) -> str | None:
-    """vLLM's quantization argument: awq_marlin on a GPU (fastest), awq where merged sync copies packed
-    tensors into place (its layout is the checkpoint's), None on the CPU (from the model's config)."""
-    if quantization != "awq" or not gpu:
+def _awq_recipe(rollout: RolloutConfig, model_path: Path) -> Any:
+    """rollout.quantization=awq: the AWQRecipe saved with the 4-bit model (quant/awq.py), else None."""
+    if rollout.quantization != "awq":
         return None
-    return "awq" if awq_copy else "awq_marlin"
+    from lite_verl.quant.awq import AWQRecipe
+
+    return AWQRecipe.load(model_path)
 
 
-def _lora_rank_slot(rank: int) -> int:
-    """vLLM accepts max_lora_rank from a fixed set; the smallest that fits."""
-    for slot in (8, 16, 32, 64, 128, 256, 320, 512):
-        if rank <= slot:
-            return slot
-    return rank
+def _adapter_dir() -> Path:
+    """A fresh directory for adapter files: in /dev/shm (memory) where there is one."""
+    shm = "/dev/shm" if Path("/dev/shm").is_dir() else None
+    return Path(tempfile.mkdtemp(prefix="lite-verl-adapters-", dir=shm))
 
 
 def _generation_eos(model_path: Path) -> set[int]:

@@ -120,7 +120,7 @@ def _make_llm(o: WorkerOptions):
 class _Server:
     def __init__(self, llm) -> None:
         self.llm = llm
-        self.lora = None  # the current LoRARequest, or None (base weights)
+        self.lora: Any = None  # the current LoRARequest, or None (base weights)
 
     def generate(self, prompts: list[list[int]], n: int, temperature: float, top_p: float, max_tokens: int,
                  seed: int, stop_ids: list[int]) -> tuple[torch.Tensor, torch.Tensor, tuple[float, float]]:  # fmt: skip

@@ -29,7 +29,7 @@ from typing import Any
 import torch
 import yaml
 
-from lite_verl.config import Config, to_dict
+from lite_verl.config import Config, load_config, to_dict
 from lite_verl.errors import UserError
 from lite_verl.run.files import atomic_directory, atomic_write_text
 
@@ -206,3 +206,13 @@ def read_metrics(run: Path) -> list[dict[str, Any]]:
         except json.JSONDecodeError:
             continue
     return rows
+
+
+def load_run_config(run_dir: Path, overrides: list[str]) -> Config:
+    """RUN/config.yaml with --set overrides (resume, report, export)."""
+    cfg_file = Path(run_dir) / "config.yaml"
+    if not cfg_file.is_file():
+        raise UserError(
+            f"--resume {run_dir}: no config.yaml there; give a run directory made by lite-verl train"
+        )
+    return load_config(None, str(cfg_file), overrides)

@@ -30,8 +30,9 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from lite_verl.config import Config, from_dict, merge, parse_override, read_yaml
+from lite_verl.config import Config, load_config, merge, read_yaml
 from lite_verl.config.presets import AUTO, preset_names, preset_path
+from lite_verl.config.schema import Backend, Quantization
 from lite_verl.errors import ConfigError, UserError
 from lite_verl.tools import plan as planner
 from lite_verl.tools.plan import GIB, GpuPlan, Shape, knob
@@ -192,16 +193,9 @@ def misfit(cfg: Config, shape: Shape, gpus: Sequence[Gpu]) -> str | None:
 
 
 def compose(base: str, layer: dict[str, Any], config_file: str | None, sets: Sequence[str]) -> Config:
-    """load_config's layers with auto's choices between the preset and the user's: defaults < preset `base`
-    < `layer` < --config < --set."""
-    data = merge(read_yaml(preset_path(base), f"preset '{base}'"), layer)
-    if config_file:
-        data = merge(data, read_yaml(config_file, "config file"))
-    for item in sets:
-        data = merge(data, parse_override(item))
-    data["preset"] = f"{AUTO}-{base}"
-    cfg: Config = from_dict(data).validate()
-    return cfg
+    """The named-preset layers (layers.load_config) with auto's choices between the preset and the user's:
+    defaults < preset `base` < `layer` < --config < --set, recorded as preset `auto-BASE`."""
+    return load_config(base, config_file, sets, machine=layer, recorded_as=f"{AUTO}-{base}")
 
 
 def choose(
@@ -301,8 +295,8 @@ def known_prices() -> dict[str, float]:
 
 @dataclass(frozen=True)
 class Knobs:
-    quantization: str  # rollout.quantization
-    backend: str  # train.backend
+    quantization: Quantization  # rollout.quantization
+    backend: Backend  # train.backend
     checkpointing: bool  # train.gradient_checkpointing
     micro_batch_size: int  # train.micro_batch_size
 
@@ -317,8 +311,10 @@ class Knobs:
 
 def ladder(micro_batch_size: int) -> Iterator[Knobs]:
     """The candidates in the order auto tries them, the lightest change to the run first."""
-    for quantization in ("none", "awq"):
-        for backend in ("lora", "qlora"):
+    quantizations: tuple[Quantization, ...] = ("none", "awq")
+    backends: tuple[Backend, ...] = ("lora", "qlora")
+    for quantization in quantizations:
+        for backend in backends:
             yield Knobs(quantization, backend, False, micro_batch_size)
             mb = micro_batch_size
             while mb >= 1:

@@ -55,10 +55,9 @@ def export_run(run_dir: str, out_dir: str, fmt: str = "hf") -> Path:
     from peft import PeftModel
     from transformers import AutoModelForCausalLM
 
-    from lite_verl.loop import load_run_config
     from lite_verl.model.load import load_tokenizer, resolve_model_path
     from lite_verl.run.files import atomic_directory
-    from lite_verl.run.rundir import RunDir
+    from lite_verl.run.rundir import RunDir, load_run_config
 
     if fmt not in ("hf", "awq"):
         raise UserError(f"--format {fmt}: use hf or awq")

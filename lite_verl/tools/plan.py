@@ -159,7 +159,7 @@ def train_parts(cfg: Config, shape: Shape) -> dict[str, float]:
         t.lora_rank * (i + o) for k, (i, o) in shape.linears().items() if k in t.target_modules
     )
     static = {"train weights": weights / GIB, "LoRA + grads + AdamW": lora * 16 / GIB}
-    if t.backend in ("fsdp", "deepspeed"):
+    if t.full_finetune:
         static = full_parts(cfg, shape)
     tokens = t.micro_batch_size * cfg.full_length  # packed (train.pack_micro_batches) or not
     act16 = 2 if b == 2 else 4  # activation bytes per element relative to 16-bit
@@ -179,10 +179,7 @@ def head_bytes(cfg: Config, shape: Shape) -> float:
     b = BYTES[cfg.model.dtype]
     fp32 = cfg.model.fp32_lm_head and b != 4
     blocks = 4 * CHUNK_BYTES + (CHUNK_ROWS * shape.hidden * 4 if fp32 else 0)
-    full = cfg.train.backend in (
-        "fsdp",
-        "deepspeed",
-    )  # the head trains: its gradient, summed a chunk at a time
+    full = cfg.train.full_finetune  # the head trains: its gradient, summed a chunk at a time
     grad = shape.vocab * shape.hidden * b + CHUNK_ROWS * shape.hidden * 4 if full else 0
     return blocks + grad
 
@@ -235,7 +232,7 @@ def host_parts(cfg: Config, shape: Shape) -> dict[str, float]:
         if t.offload_optimizer:
             parts["fp32 masters + grads + AdamW (offloaded)"] = 16 * p / GIB
     kl = cfg.algorithm.use_kl_loss or cfg.algorithm.use_kl_in_reward
-    if t.backend in ("fsdp", "deepspeed") and t.offload_params and kl:
+    if t.full_finetune and t.offload_params and kl:
         parts["reference policy (offloaded)"] = b * p / GIB
     sleeps = cfg.rollout.engine == "vllm" and cfg.rollout.colocate and set(cfg.rollout.gpus) & set(t.gpus)
     if sleeps and cfg.rollout.sleep_level == 1:  # level 2 discards them
@@ -248,7 +245,7 @@ def host_gib(cfg: Config, shape: Shape) -> float:
     optimizer state does not exist while the checkpoint loads). The load is the checkpoint, twice
     where an offloading sharding copies it into its own host buffers before the original is freed."""
     t, parts = cfg.train, host_parts(cfg, shape)
-    copies = 2 if t.backend in ("fsdp", "deepspeed") and t.offload_params else 1
+    copies = 2 if t.full_finetune and t.offload_params else 1
     return max(copies * parts[LOAD], sum(v for k, v in parts.items() if k != LOAD))
 
 
@@ -294,7 +291,7 @@ def knob(cfg: Config, p: GpuPlan) -> str:
         return f"lower train.micro_batch_size (now {cfg.train.micro_batch_size}); the maths stays the same"
     if biggest == "train weights" and cfg.train.backend == "lora":
         return "use train.backend=qlora (a 4-bit base)"
-    if cfg.train.backend in ("fsdp", "deepspeed") and biggest in FULL_STATIC:
+    if cfg.train.full_finetune and biggest in FULL_STATIC:
         return _offload_knob(cfg, biggest)
     if biggest == GATHERED:  # whole, whatever the sharding
         return ("the embeddings, head and two decoder layers are gathered whole during the update: use "
@@ -325,7 +322,7 @@ def host_knob(cfg: Config) -> str:
     if t.backend == "fsdp" and t.offload_params and t.optimizer_state_dtype == "float32":
         return ("offloaded full fine-tuning keeps 16 bytes per parameter in host memory: set "
                 "train.optimizer_state_dtype=bfloat16 (12 bytes), use train.backend=qlora or lora, or more RAM")  # fmt: skip
-    if t.backend in ("fsdp", "deepspeed") and (t.offload_params or t.offload_optimizer):
+    if t.full_finetune and (t.offload_params or t.offload_optimizer):
         per = 8 + adam_bytes(cfg) if t.backend == "fsdp" else 16
         return f"offloaded full fine-tuning keeps {per} bytes per parameter in host memory: use train.backend=qlora or lora, or more RAM"
     return "use a smaller model or a machine with more RAM"

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -21,8 +22,7 @@ PHASES = ("rollout", "reward", "sleep", "update", "sync")  # sleep: a colocated 
 
 
 def _load(run_dir: Path) -> tuple[Config, list[dict[str, Any]], dict[str, Any]]:
-    from lite_verl.loop import load_run_config
-    from lite_verl.run.rundir import read_metrics
+    from lite_verl.run.rundir import load_run_config, read_metrics
 
     if not (run_dir / "summary.json").is_file():
         raise UserError(
@@ -90,21 +90,30 @@ def write_plots(run_dir: Path) -> list[Path]:
 
     from lite_verl.run.rundir import read_metrics
 
-    cfg, rows, summary = _load(run_dir)
+    _, rows, summary = _load(run_dir)
+    vals = [m for m in read_metrics(run_dir) if "val/reward_mean" in m]
+    draws: dict[str, Callable[[Any], None]] = {
+        "reward.png": lambda ax: _draw_reward(ax, rows, vals),
+        "tokens_per_s.png": lambda ax: _draw_tokens_per_s(ax, rows),
+        "timeline.png": lambda ax: _draw_timeline(ax, rows),
+        "cost.png": lambda ax: _draw_cost(ax, rows, summary),
+    }
     out = run_dir / "report"
     out.mkdir(exist_ok=True)
-    steps = [m["step"] for m in rows]
-    vals = [m for m in read_metrics(run_dir) if "val/reward_mean" in m]
     paths = []
-
-    def save(fig, name: str) -> None:
+    for name, draw in draws.items():
+        fig, ax = plt.subplots(figsize=(6, 3.5))
+        draw(ax)
         fig.tight_layout()
         fig.savefig(out / name, dpi=100)
         plt.close(fig)
         paths.append(out / name)
+    return paths
 
-    fig, ax = plt.subplots(figsize=(6, 3.5))
-    ax.plot(steps, [m["reward/mean"] for m in rows], label="train reward (mean)")
+
+def _draw_reward(ax: Any, rows: list[dict[str, Any]], vals: list[dict[str, Any]]) -> None:
+    """Train reward per step, and the greedy validation reward where the run validated."""
+    ax.plot([m["step"] for m in rows], [m["reward/mean"] for m in rows], label="train reward (mean)")
     if vals:
         ax.plot(
             [m["step"] for m in vals], [m["val/reward_mean"] for m in vals], "o-", label="validation (greedy)"
@@ -112,9 +121,10 @@ def write_plots(run_dir: Path) -> list[Path]:
     ax.set_xlabel("step")
     ax.set_ylabel("reward")
     ax.legend()
-    save(fig, "reward.png")
 
-    fig, ax = plt.subplots(figsize=(6, 3.5))
+
+def _draw_tokens_per_s(ax: Any, rows: list[dict[str, Any]]) -> None:
+    steps = [m["step"] for m in rows]
     ax.plot(steps, [m.get("perf/tokens_per_s", 0.0) for m in rows], label="all tokens / step time")
     ax.plot(
         steps, [m.get("perf/gen_tokens_per_s", 0.0) for m in rows], label="generated tokens / rollout time"
@@ -122,9 +132,11 @@ def write_plots(run_dir: Path) -> list[Path]:
     ax.set_xlabel("step")
     ax.set_ylabel("tokens/s")
     ax.legend()
-    save(fig, "tokens_per_s.png")
 
-    fig, ax = plt.subplots(figsize=(6, 3.5))  # per-role busy time line: phase seconds per step, stacked
+
+def _draw_timeline(ax: Any, rows: list[dict[str, Any]]) -> None:
+    """Per-role busy time line: phase seconds per step, stacked."""
+    steps = [m["step"] for m in rows]
     bottom = [0.0] * len(rows)
     for p in PHASES:
         v = [m.get(f"timing/{p}_s", 0.0) for m in rows]
@@ -133,9 +145,10 @@ def write_plots(run_dir: Path) -> list[Path]:
     ax.set_xlabel("step")
     ax.set_ylabel("seconds")
     ax.legend()
-    save(fig, "timeline.png")
 
-    fig, ax = plt.subplots(figsize=(6, 3.5))  # cost accrues with wall time at the run's hourly rate
+
+def _draw_cost(ax: Any, rows: list[dict[str, Any]], summary: dict[str, Any]) -> None:
+    """Cost accrues with step time at the run's hourly rate, up to the bill's total."""
     wall = summary.get("wall_s") or 0.0
     total = sum(b["cost_usd"] for b in summary.get("bill", []))
     elapsed, t = [], 0.0
@@ -146,8 +159,6 @@ def write_plots(run_dir: Path) -> list[Path]:
     ax.plot(elapsed, [e * scale for e in elapsed])
     ax.set_xlabel(f"step time, s (run wall time {wall:.0f} s)")
     ax.set_ylabel("USD")
-    save(fig, "cost.png")
-    return paths
 
 
 def report(run_dir: str | Path, plots: bool = True) -> str:

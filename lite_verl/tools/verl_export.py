@@ -290,7 +290,7 @@ def _optimizer(prefix: str, lr: float, weight_decay: float, grad_clip: float) ->
 def _backend(cfg: Config, model: str, fsdp_configs: Sequence[str]) -> list[Item]:
     """train.backend: LoRA keys for lora/qlora, CPU offload for full fine-tuning (fsdp, deepspeed)."""
     t = cfg.train
-    if t.backend not in ("lora", "qlora"):
+    if t.full_finetune:
         # full fine-tuning: CPU offload as the config says (train.offload_*; on by design where unset)
         offload = {
             "param_offload": getattr(t, "offload_params", True),
@@ -345,11 +345,9 @@ def _precision(cfg: Config) -> list[Item]:
 
 
 def _algorithm(cfg: Config) -> list[Item]:
-    from lite_verl.loop import resolve_auto
-
     a = cfg.algorithm
     dr = a.adv_estimator == "dr_grpo"
-    mode = resolve_auto(cfg).algorithm.rollout_correction
+    mode = cfg.with_auto_resolved().algorithm.rollout_correction
     items: list[Item] = [
         Override("algorithm.adv_estimator", "grpo" if dr else a.adv_estimator),
         Override("algorithm.norm_adv_by_std_in_grpo", a.norm_adv_by_std_in_grpo and not dr),

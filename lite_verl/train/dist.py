@@ -3,7 +3,7 @@
 One rank (train.gpus of one GPU, or the CPU): `ensure_process_group` starts a group of world size 1
 (gloo on the CPU; on a GPU machine nccl for CUDA tensors with gloo beside it for CPU ones) on a free
 local port, passed as the init method: nothing is written into os.environ, which the rollout worker
-processes inherit. The full fine-tuning backends (train/full.py) shard over it.
+processes inherit. The full fine-tuning backends (train/fsdp.py, train/zero3.py) shard over it.
 
 W ranks (train.gpus [2, 3], or train.cpu_ranks=2 on a laptop): train/group.py starts them -- the
 controller is rank 0, it spawns ranks 1..W-1 -- and each calls `join_group` with the same init method.

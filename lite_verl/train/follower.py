@@ -1,6 +1,8 @@
-"""A follower rank of train/group.py: a spawned process that builds the backend as rank 0 does and then
-runs the commands rank 0 sends (update, generate, buckets, linears, save, load, stop) until it is told
-to stop or rank 0 is gone. Its errors go to rank 0 as one line; its traceback to stderr.
+"""A follower rank of train/group.py: a spawned process that builds the backend as rank 0 does
+(train/rank.py) and then runs the commands rank 0 sends (train/commands.py: update, generate, buckets,
+linears, save, load, stop) until it is told to stop or rank 0 is gone. Its errors go to rank 0 as one
+line; its traceback to stderr. It imports nothing of train/group.py: group starts it, by
+`follower_main`.
 """
 
 from __future__ import annotations
@@ -20,8 +22,10 @@ import torch
 
 from lite_verl.config import Config
 from lite_verl.errors import UserError
+from lite_verl.train.base import TrainBackend
+from lite_verl.train.commands import COMMANDS, STOP, batch_from, receive_command
 from lite_verl.train.dist import Ranks, barrier, join_group
-from lite_verl.train.group import batch_from, build_trainer, rank_device, sharded
+from lite_verl.train.rank import build_rank_backend, rank_device
 
 
 def follower_main(
@@ -37,7 +41,8 @@ def follower_main(
         torch.manual_seed(cfg.trainer.seed + rank)  # its own dropout masks; replicas are broadcast equal
         device = rank_device(cfg.train, rank)
         join_group(device, init, rank, world)
-        follower = Follower(build_trainer(cfg, model_dir, device, world), cfg, Ranks(rank, world), model_dir)
+        backend = build_rank_backend(cfg, model_dir, device, world)
+        follower = Follower(backend, cfg, Ranks(rank, world), model_dir)
         follower.serve(commands)
     except BaseException as e:  # whatever it is (SystemExit too), the controller must hear of it
         if not isinstance(e, UserError):
@@ -73,33 +78,25 @@ def _exit_with_parent() -> None:
 
 
 class Follower:
-    """A follower's backend and the commands it runs (the names `TrainGroup.send` uses)."""
+    """A follower's backend and the commands it runs (one method per name of train/commands.COMMANDS)."""
 
-    COMMANDS = ("update", "generate", "buckets", "linears", "save", "load")
-
-    def __init__(self, backend: Any, cfg: Config, ranks: Ranks, model_dir: Path) -> None:
+    def __init__(self, backend: TrainBackend, cfg: Config, ranks: Ranks, model_dir: Path) -> None:
         from lite_verl.update import MicroBatchSize
 
         self.backend, self.cfg, self.ranks, self.model_dir = backend, cfg, ranks, model_dir
-        self.micro = MicroBatchSize.of(cfg, lockstep=sharded(cfg))
+        self.micro = MicroBatchSize.of(cfg, lockstep=backend.sharded)  # as rank 0's (group and sharded)
         self.engine: Any = None
 
     def serve(self, commands: Connection) -> None:
-        import torch.distributed as dist
-
         while True:
             try:
-                command, args, specs = commands.recv()
+                command, args, tensors = receive_command(commands)
             except EOFError:  # the controller is gone
                 return
-            if command == "stop":
+            if command == STOP:
                 return
-            if command not in self.COMMANDS:
+            if command not in COMMANDS:
                 raise ValueError(f"unknown command {command!r} from the controller")
-            tensors = {}
-            for name, (shape, dtype) in specs.items():
-                tensors[name] = torch.empty(shape, dtype=dtype)
-                dist.broadcast(tensors[name], src=0)
             getattr(self, command)(args, tensors)
 
     def update(self, args: dict, tensors: dict[str, torch.Tensor]) -> None:

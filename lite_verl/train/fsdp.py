@@ -1,4 +1,7 @@
-"""train.backend=fsdp: the FSDP2 sharding of train/full.py (torch.distributed.fsdp.fully_shard).
+"""train.backend=fsdp: full fine-tuning sharded by FSDP2 (torch.distributed.fsdp.fully_shard).
+
+`build_fsdp_backend` makes the backend: the model of train/full.py, sharded by `FSDPSharding`, inside a
+`FullBackend`; the frozen KL reference is sharded the same way when it is first needed.
 
 Each decoder layer, then the root (embeddings, final norm, head), is sharded over a 1-D device mesh of
 all ranks (gloo on the CPU: FSDP2 runs there for real, one rank or several). fp32 master weights,
@@ -17,13 +20,24 @@ import torch
 
 from lite_verl.config import Config
 from lite_verl.device import OFFLOAD_PAGEABLE, pin_host_memory
+from lite_verl.train.dist import ensure_process_group
 from lite_verl.train.full import (
+    FullBackend,
     check_full_checkpoint,
     decoder_layers,
     load_full_model,
     load_weights,
     save_weights,
 )
+
+
+def build_fsdp_backend(cfg: Config, model_dir: Path, device: torch.device) -> FullBackend:
+    """train.backend=fsdp on `device` (this rank's, train/rank.rank_device), over the process group of
+    train/dist.py (joined, or a one-process group started)."""
+    _, world = ensure_process_group(device)
+    model = load_full_model(cfg, model_dir, "float32")  # fp32 masters; compute in model.dtype
+    fsdp = FSDPSharding(model, cfg, device, model_dir)
+    return FullBackend(fsdp, cfg.train, device, lambda: fsdp_reference(cfg, model_dir, fsdp.mesh), world)
 
 
 def shard_fsdp(model: torch.nn.Module, mesh, param_dtype: torch.dtype | None, offload: bool) -> None:

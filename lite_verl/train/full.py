@@ -1,16 +1,18 @@
-"""Full fine-tuning: train.backend=fsdp (FSDP2, torch's fully_shard) and train.backend=deepspeed (ZeRO-3).
+"""Full fine-tuning: what train.backend=fsdp (train/fsdp.py) and train.backend=deepspeed (train/zero3.py)
+share -- `FullBackend` over a `Sharding`, the log-prob head, model preparation and the weights files.
 
     lite-verl train --preset laptop --set train.backend=fsdp --set sync.mode=merged
 
 Every weight trains, so there is no adapter: the rollout engine gets the whole model (sync.mode=merged;
-the HF engine generates with the trained module itself). `FullBackend` is what the loop sees, with the
-methods of LoraBackend; how the weights are sharded is a small strategy object it holds (`FSDPSharding`
-in train/fsdp.py, `ZeroSharding` in train/zero3.py). Both shard over the torch.distributed group of
-train/dist.py: one process, or one per train GPU (train/group.py). With several ranks, every rank runs
-forward/backward/step, merged_weight_buckets and save in lockstep (they gather collectively); only rank 0
-pushes the buckets to the rollout engine and writes files. Each rank back-propagates its share of a
-mini-batch, normalised by the whole mini-batch's counts, so the loss is multiplied by W to turn the
-sharding's gradient average into the sum (train/dist.py).
+the HF engine generates with the trained module itself). `FullBackend` is a TrainBackend
+(train/base.py); how the weights are sharded is a small strategy object it holds (`FSDPSharding` in
+train/fsdp.py, `ZeroSharding` in train/zero3.py), and each of those modules builds its backend from the
+pieces here. This module imports neither. Both shard over the torch.distributed group of train/dist.py:
+one process, or one per train GPU (train/group.py). With several ranks, every rank runs
+forward/backward/step, merged_weight_buckets and save in lockstep (they gather collectively); only
+rank 0 pushes the buckets to the rollout engine and writes files. Each rank back-propagates its share
+of a mini-batch, normalised by the whole mini-batch's counts, so the loss is multiplied by W to turn
+the sharding's gradient average into the sum (train/dist.py).
 
 Memory per train GPU (P parameters, world size W, b bytes per element of model.dtype):
 * fsdp: fp32 master weights 4P/W, fp32 gradients 4P/W, AdamW m and v 8P/W; with train.offload_params
@@ -22,7 +24,7 @@ Memory per train GPU (P parameters, world size W, b bytes per element of model.d
 * the reference policy of the KL loss (or in-reward KL): a frozen copy of the *initial* weights in
   model.dtype, b*P/W more, sharded the same way and in host memory with offload_params. It is loaded from
   model.path at the first reference forward, so a run without KL never pays for it.
-lite_verl/plan.py counts these.
+lite_verl/tools/plan.py counts these.
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ import torch
 from lite_verl.batch import position_ids
 from lite_verl.config import Config, CriticConfig, TrainConfig
 from lite_verl.errors import ConfigError
+from lite_verl.train.base import Bucket, Convert, LinearGroup, Transform
 from lite_verl.train.head import response_log_probs
 
 WEIGHTS = "model.safetensors"  # full weights in a checkpoint: RUN/checkpoints/step_N/model/
@@ -50,13 +53,29 @@ class Sharding(Protocol):
     model: torch.nn.Module  # the HF causal LM (generate, parameter names)
     forward_module: Callable[..., Any]  # what training forwards call (FSDP: the model; ZeRO-3: its engine)
 
-    def backward(self, loss: torch.Tensor) -> None: ...
-    def step(self, max_norm: float) -> float: ...
+    def backward(self, loss: torch.Tensor) -> None:
+        """Accumulate the gradients of `loss` (averaged over the ranks by the sharding)."""
+        ...
+
+    def step(self, max_norm: float) -> float:
+        """Clip at max_norm, step unless the norm is not finite, zero the gradients; the pre-clip norm."""
+        ...
+
     def zero_grad(self) -> None: ...
-    def settle(self, module: torch.nn.Module | None = None) -> None: ...  # every weight of module (the
-    # trained model by default) back in its resting (sharded) state: before reading them, after a no-grad forward
-    def gathered(self, module: torch.nn.Module) -> Any: ...  # context: {name: full tensor} of its own params
-    def local_bytes(self) -> int: ...
+
+    def settle(self, module: torch.nn.Module | None = None) -> None:
+        """Every weight of `module` (the trained model by default) back in its resting (sharded) state:
+        before reading them, and after a no-grad forward."""
+        ...
+
+    def gathered(self, module: torch.nn.Module) -> contextlib.AbstractContextManager[dict[str, torch.Tensor]]:
+        """A context giving {name: full tensor} of the module's own parameters (not its children's)."""
+        ...
+
+    def local_bytes(self) -> int:
+        """Bytes of this rank's shards of the trained weights."""
+        ...
+
     def save(self, directory: Path) -> None: ...
     def load(self, directory: Path) -> None: ...
 
@@ -133,8 +152,13 @@ def gathered_modules(sharding: Sharding) -> Iterator[tuple[str, torch.nn.Module,
 
 
 class FullBackend:
-    """Full fine-tuning behind the LoraBackend interface; `load_reference()` builds the frozen initial
-    policy (sharded like the trained one) the first time a reference forward is asked for."""
+    """A TrainBackend (train/base.py) in which every weight trains, held by `sharding`.
+    `load_reference()` builds the frozen initial policy (sharded like the trained one) the first time a
+    reference forward is asked for."""
+
+    has_adapter = False  # the rollout engine gets the whole model (sync.mode=merged)
+    supports_critic = False  # validation refuses algorithm.adv_estimator=gae first
+    sharded = True  # FSDP2 / ZeRO-3 split every weight over the ranks
 
     def __init__(
         self,
@@ -167,33 +191,15 @@ class FullBackend:
         input_ids, attention_mask = input_ids.to(self.device), attention_mask.to(self.device)
         if not reference:
             module = self.sharding.forward_module
-            return self._log_probs(
-                module, input_ids, attention_mask, response_length, temperature, with_entropy
-            )
+            return _log_probs(module, input_ids, attention_mask, response_length, temperature, with_entropy)
         if self._reference is None:
             self._reference = self._load_reference()
         with torch.no_grad():
-            out = self._log_probs(
+            out = _log_probs(
                 self._reference, input_ids, attention_mask, response_length, temperature, with_entropy
             )
         self.sharding.settle(self._reference)  # FSDP2 keeps a root gathered after its forward: not here
         return out
-
-    @staticmethod
-    def _log_probs(module, input_ids, attention_mask, response_length, temperature, with_entropy):
-        # logits at position t predict token t+1: the response is predicted by [P-1, P+R-1), i.e. the
-        # last R+1 positions' logits without the very last
-        kwargs = dict(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids(attention_mask),
-                      logits_to_keep=response_length + 1, use_cache=False)  # fmt: skip
-        targets = input_ids[:, -response_length:]
-        head = getattr(module, "module", module).get_output_embeddings()  # a ZeRO-3 engine wraps the model
-        if not isinstance(head, LogProbHead):
-            return response_log_probs(module(**kwargs).logits[:, :-1], targets, temperature, with_entropy)
-        # the last kept position predicts past the sequence: a dummy target, dropped below
-        padded = torch.cat([targets, torch.zeros_like(targets[:, :1])], dim=1)
-        with head.targeting(padded, temperature, with_entropy):
-            out = module(**kwargs).logits[:, :-1]
-        return out[..., 0], (out[..., 1] if with_entropy else None)
 
     # --- update --------------------------------------------------------------------------------
     def zero_grad(self) -> None:
@@ -211,23 +217,36 @@ class FullBackend:
 
     # --- critic: not with full fine-tuning (validation refuses adv_estimator=gae first) ----------
     def enable_critic(self, cfg: CriticConfig) -> None:
-        raise ConfigError(
-            "algorithm.adv_estimator=gae needs a critic, which full fine-tuning does not build; "
-            "use train.backend=lora or a critic-free estimator (grpo)"
-        )
+        raise ConfigError(_NO_CRITIC)
+
+    def critic_mode(self) -> contextlib.AbstractContextManager[Any]:
+        raise ConfigError(_NO_CRITIC)
+
+    def values(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, response_length: int
+    ) -> torch.Tensor:
+        raise ConfigError(_NO_CRITIC)
+
+    def zero_critic_grad(self) -> None:
+        pass  # no critic, no gradients
+
+    def critic_step(self) -> float:
+        raise ConfigError(_NO_CRITIC)
 
     # --- weight sync into a rollout engine --------------------------------------------------------
-    def adapter_state(self, transform=None):
+    def adapter_state(self, transform: Transform | None = None) -> tuple[dict[str, torch.Tensor], dict]:
         raise ConfigError(_NO_ADAPTER)
 
-    def export_adapter(self, directory: Path, dtype: str | None = None, transform=None) -> None:
+    def export_adapter(
+        self, directory: Path, dtype: str | None = None, transform: Transform | None = None
+    ) -> None:
         raise ConfigError(_NO_ADAPTER)
 
     @torch.no_grad()
-    def merged_linears(self):
+    def merged_linears(self) -> Iterator[LinearGroup]:
         """Yield, per parent module, [(HF module name, weight in fp32, bias)] of its linear layers (and
         the LM head): the trained weights, gathered from their shards."""
-        group: list[tuple[str, torch.Tensor, torch.Tensor | None]] = []
+        group: LinearGroup = []
         parent = None
         for name, module, full in gathered_modules(self.sharding):
             if not isinstance(module, (torch.nn.Linear, LogProbHead)):
@@ -241,16 +260,18 @@ class FullBackend:
             yield group
 
     @torch.no_grad()
-    def merged_weight_buckets(self, bucket_bytes: int, dtype: str, convert=None, everything: bool = True):
+    def merged_weight_buckets(
+        self, bucket_bytes: int, dtype: str, convert: Convert | None = None, everything: bool = False
+    ) -> Iterator[Bucket]:
         """Lists of (HF parameter name, tensor) of about bucket_bytes each: every weight of the model
-        (`everything` is always so here),
-        gathered one module at a time and rounded once to `dtype`, as LoraBackend yields them.
-        `convert(name, weight, bias) -> {name: tensor}` replaces that rounding for linear layers. A parent
-        module's tensors are never split across buckets (vLLM reloads fused q/k/v, gate/up whole)."""
+        (each one trains, so `everything` changes nothing), gathered one module at a time and rounded
+        once to `dtype`. `convert(name, weight, bias) -> {name: tensor}` replaces that rounding for
+        linear layers. A parent module's tensors are never split across buckets (vLLM reloads fused
+        q/k/v, gate/up whole)."""
         from lite_verl.device import torch_dtype
 
         target = torch_dtype(dtype)
-        bucket: list[tuple[str, torch.Tensor]] = []
+        bucket: Bucket = []
         size, parent = 0, None
         for name, module, full in gathered_modules(self.sharding):
             if size >= bucket_bytes and name.rpartition(".")[0] != parent:
@@ -282,8 +303,37 @@ class FullBackend:
         return self.sharding.local_bytes()
 
 
+def _log_probs(
+    module: Callable[..., Any],
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    response_length: int,
+    temperature: float,
+    with_entropy: bool,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The response's log-probs (and entropies) from `module` (a model, or a ZeRO-3 engine around one),
+    through LogProbHead when the model has one."""
+    # logits at position t predict token t+1: the response is predicted by [P-1, P+R-1), i.e. the
+    # last R+1 positions' logits without the very last
+    kwargs = dict(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids(attention_mask),
+                  logits_to_keep=response_length + 1, use_cache=False)  # fmt: skip
+    targets = input_ids[:, -response_length:]
+    head = getattr(module, "module", module).get_output_embeddings()  # a ZeRO-3 engine wraps the model
+    if not isinstance(head, LogProbHead):
+        return response_log_probs(module(**kwargs).logits[:, :-1], targets, temperature, with_entropy)
+    # the last kept position predicts past the sequence: a dummy target, dropped below
+    padded = torch.cat([targets, torch.zeros_like(targets[:, :1])], dim=1)
+    with head.targeting(padded, temperature, with_entropy):
+        out = module(**kwargs).logits[:, :-1]
+    return out[..., 0], (out[..., 1] if with_entropy else None)
+
+
 _NO_ADAPTER = (
     "sync.mode=adapter: full fine-tuning (train.backend=fsdp/deepspeed) has no adapter; set sync.mode=merged"
+)
+_NO_CRITIC = (
+    "algorithm.adv_estimator=gae needs a critic, which full fine-tuning does not build; "
+    "use train.backend=lora or a critic-free estimator (grpo)"
 )
 
 
@@ -327,7 +377,7 @@ def load_weights(directory: Path, model: torch.nn.Module) -> dict[str, torch.Ten
     return weights
 
 
-# --- building a backend ----------------------------------------------------------------------------
+# --- the model a sharding starts from ----------------------------------------------------------------
 def load_full_model(cfg: Config, model_dir: Path, dtype: str) -> torch.nn.Module:
     """The HF model in `dtype` on the host (the sharding moves it), fp32 head and checkpointing set."""
     from dataclasses import replace
@@ -337,21 +387,3 @@ def load_full_model(cfg: Config, model_dir: Path, dtype: str) -> torch.nn.Module
     model = load_model(model_dir, replace(cfg.model, dtype=dtype), torch.device("cpu"))
     fp32_head = cfg.model.fp32_lm_head and cfg.model.dtype != "float32"
     return prepare_model(model, fp32_head, cfg.train.gradient_checkpointing)
-
-
-def build_full_backend(cfg: Config, model_dir: Path, device: torch.device) -> FullBackend:
-    """train.backend=fsdp|deepspeed on `device` (this rank's, train/group.rank_device), over the process
-    group of train/dist.py."""
-    from lite_verl.train.dist import ensure_process_group
-
-    _, world = ensure_process_group(device)
-    model = load_full_model(cfg, model_dir, "float32")  # fp32 masters; compute in model.dtype
-    if cfg.train.backend == "deepspeed":
-        from lite_verl.train.zero3 import ZeroSharding, zero_reference
-
-        zero = ZeroSharding(model, cfg, device, model_dir)
-        return FullBackend(zero, cfg.train, device, lambda: zero_reference(cfg, model_dir, device), world)
-    from lite_verl.train.fsdp import FSDPSharding, fsdp_reference
-
-    fsdp = FSDPSharding(model, cfg, device, model_dir)
-    return FullBackend(fsdp, cfg.train, device, lambda: fsdp_reference(cfg, model_dir, fsdp.mesh), world)

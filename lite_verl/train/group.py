@@ -5,9 +5,9 @@
 
 The controller (the CLI process) does all it does with one rank -- rollout, reward, logging, weight
 sync, checkpoints -- and trains on the first train device. `TrainGroup.start` spawns one follower per
-other device; all join one torch.distributed group (train/dist.py), build the same backend
-(`build_trainer`, so their collectives pair up) and then each follower loops on commands, sent over a
-pipe (tensors follow by broadcast over gloo):
+other device (train/follower.py); all join one torch.distributed group (train/dist.py), build the
+same backend (train/rank.build_rank_backend, so their collectives pair up) and then each follower loops
+on commands, sent over a pipe (tensors follow by broadcast over gloo; train/commands.py):
 
   update    the step's UpdateBatch; every rank runs update.run_update on it, computing its share of the
             rows (train/dist.py says why the shares add up to the one-rank update)
@@ -18,7 +18,9 @@ pipe (tensors follow by broadcast over gloo):
   stop      leave the group and exit
 
 A LoRA adapter is replicated, so rank 0 alone exports, merges and saves it. The controller's backend
-is wrapped (`GroupBackend`) so that the loop, the rollout engines and RunDir need not know any of this.
+is wrapped (`GroupBackend`) so that the loop, the rollout engines and RunDir need not know any of this;
+train/factory.build_trainer puts the two together. rollout.engine=hf over a sharded trainer generates
+on every rank through `TrainGroup.generate` (rollout/lockstep.py).
 
 Failures: a follower's exception goes to the controller as one line (its traceback to stderr) and the
 follower exits; the controller raises TrainRankFailed naming the rank. When the controller is stuck in
@@ -35,18 +37,24 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from multiprocessing.connection import Connection, wait
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import torch
 
-from lite_verl.batch import RolloutBatch, UpdateBatch
-from lite_verl.config import Config, TrainConfig
+from lite_verl.batch import UpdateBatch
+from lite_verl.config import Config, CriticConfig
 from lite_verl.config.validation import train_world
 from lite_verl.errors import UserError
-from lite_verl.train.dist import Ranks, barrier, broadcast_parameters, free_port, join_group
+from lite_verl.train.base import Bucket, Convert, LinearGroup, TrainBackend, Transform
+from lite_verl.train.commands import STOP, batch_tensors, send_command
+from lite_verl.train.dist import Ranks, barrier, free_port, join_group
+from lite_verl.train.rank import rank_device
+
+if TYPE_CHECKING:
+    from lite_verl.rollout.base import SamplingSettings
 
 T = TypeVar("T")
 FAILURE_WAIT_S = 10.0  # how long the controller waits for a follower's report after a collective failed
@@ -60,35 +68,10 @@ class TrainRankFailed(UserError):
     exit_code = 1
 
 
-def rank_device(train: TrainConfig, rank: int) -> torch.device:
-    """train.gpus[rank], or the CPU."""
-    return torch.device(f"cuda:{train.gpus[rank]}") if train.gpus else torch.device("cpu")
-
-
-def build_trainer(cfg: Config, model_dir: Path, device: torch.device, world: int):
-    """The training backend of one rank. The controller and every follower run this, in this order,
-    so the collectives inside (FSDP2 / ZeRO-3 setup, the LoRA broadcast) pair up."""
-    from lite_verl.device import cap_memory
-    from lite_verl.model.load import load_model
-    from lite_verl.train.lora import LoraBackend
-
-    cap_memory(device, cfg.train.max_memory_gib)
-    if cfg.train.backend in ("fsdp", "deepspeed"):  # full fine-tuning (train/full.py)
-        from lite_verl.train.full import build_full_backend
-
-        backend = build_full_backend(cfg, model_dir, device)
-    else:
-        base = load_model(model_dir, cfg.model, device, nf4=cfg.train.backend == "qlora")
-        backend = LoraBackend(base, cfg.train, device, cfg.trainer.seed, cfg.model.fp32_lm_head)
-    if cfg.algorithm.adv_estimator == "gae":
-        backend.enable_critic(cfg.critic)
-    if world > 1 and isinstance(backend, LoraBackend):  # replicas equal whatever each RNG held
-        broadcast_parameters(backend.params + backend.critic_params)
-    return backend
-
-
 def sharded(cfg: Config) -> bool:
-    return cfg.train.backend in ("fsdp", "deepspeed")
+    """Whether cfg trains a sharded backend (full fine-tuning): its `TrainBackend.sharded`, known before
+    building it."""
+    return cfg.train.full_finetune
 
 
 # --- the controller ----------------------------------------------------------------------------------
@@ -149,17 +132,22 @@ class TrainGroup:
     def send(
         self, command: str, args: dict | None = None, tensors: dict[str, torch.Tensor] | None = None
     ) -> None:
-        import torch.distributed as dist
-
-        tensors = tensors or {}
-        head = (command, args or {}, {k: (tuple(t.shape), t.dtype) for k, t in tensors.items()})
-        for conn in self._commands:
-            conn.send(head)
-        for t in tensors.values():
-            dist.broadcast(t.contiguous(), src=0)
+        """`command` to every follower (train/commands.py), without doing rank 0's part: for a caller
+        that iterates its part itself inside `guard()` (the merged weight generators)."""
+        send_command(self._commands, command, args, tensors)
 
     def update(self, batch: UpdateBatch, kl_coef: float, local: Callable[[], T]) -> T:
+        """Every follower runs update.run_update on `batch` (with rank 0's KL coefficient), then rank 0
+        runs `local` (its own run_update); rank 0's metrics are returned."""
         return self.run("update", local, {"step": batch.step, "kl_coef": kl_coef}, batch_tensors(batch))
+
+    def generate(
+        self, prompts: list[list[int]], sampling: SamplingSettings, seed: int, local: Callable[[], T]
+    ) -> T:
+        """Every follower generates `prompts` with the HF engine over its own shards (the forwards of a
+        sharded model gather weights collectively), then rank 0 runs `local`; its rollout is returned."""
+        args = {"prompts": [list(p) for p in prompts], "sampling": sampling, "seed": seed}
+        return self.run("generate", local, args)
 
     @contextmanager
     def guard(self) -> Iterator[None]:
@@ -222,7 +210,7 @@ class TrainGroup:
         self._wake_w.send(None)
         if not self.broken:
             try:
-                self.send("stop")
+                self.send(STOP)
             except (OSError, RuntimeError):
                 self.broken = True
         if self.broken:
@@ -237,33 +225,94 @@ class TrainGroup:
             dist.destroy_process_group()
 
 
-def batch_tensors(batch: UpdateBatch) -> dict[str, torch.Tensor]:
-    r = batch.rollout
-    out = {"prompt_ids": r.prompt_ids, "prompt_mask": r.prompt_mask, "response_ids": r.response_ids,
-           "response_mask": r.response_mask, "rollout_log_probs": r.rollout_log_probs,
-           "scores": batch.scores, "group_ids": batch.group_ids}  # fmt: skip
-    if batch.baselines is not None:
-        out["baselines"] = batch.baselines
-    return out
-
-
-def batch_from(tensors: dict[str, torch.Tensor], step: int) -> UpdateBatch:
-    rollout = RolloutBatch(*(tensors[k] for k in ("prompt_ids", "prompt_mask", "response_ids",
-                                                   "response_mask", "rollout_log_probs")))  # fmt: skip
-    return UpdateBatch(rollout, tensors["scores"], tensors["group_ids"], tensors.get("baselines"), step)
-
-
 class GroupBackend:
-    """Rank 0's backend when several ranks train: what needs every rank is announced to the followers
-    first; everything else is the local backend's."""
+    """A TrainBackend (train/base.py): rank 0's backend when several ranks train. What needs every rank
+    -- save and load, and with sharded weights the merged gathers -- is announced to the followers
+    first. The rest is rank 0's own backend (`local`): an update runs on every rank through
+    `TrainGroup.update`, each rank on its local backend, and a forward outside one is rank 0's alone."""
 
-    def __init__(self, local: Any, group: TrainGroup) -> None:
+    def __init__(self, local: TrainBackend, group: TrainGroup) -> None:
         self.local = local
         self.group = group
-        self.sharded = sharded(group.cfg)
+        self.device = local.device
+        self.model = local.model
+        self.has_adapter = local.has_adapter
+        self.supports_critic = local.supports_critic
+        self.sharded = local.sharded
 
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.local, name)
+    # --- rank 0's own ----------------------------------------------------------------------------
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor,
+        response_length: int,
+        temperature: float,
+        with_entropy: bool = False,
+        reference: bool = False,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        return self.local.forward(
+            input_ids, attention_mask, response_length, temperature, with_entropy, reference
+        )
+
+    def backward(self, loss: torch.Tensor) -> None:
+        self.local.backward(loss)
+
+    def step(self) -> float:
+        return self.local.step()
+
+    def zero_grad(self) -> None:
+        self.local.zero_grad()
+
+    def train_mode(self, on: bool = True) -> None:
+        self.local.train_mode(on)
+
+    def enable_critic(self, cfg: CriticConfig) -> None:
+        self.local.enable_critic(cfg)  # every rank enables its own when it is built (train/rank.py)
+
+    def critic_mode(self) -> AbstractContextManager[Any]:
+        return self.local.critic_mode()
+
+    def values(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, response_length: int
+    ) -> torch.Tensor:
+        return self.local.values(input_ids, attention_mask, response_length)
+
+    def zero_critic_grad(self) -> None:
+        self.local.zero_critic_grad()
+
+    def critic_step(self) -> float:
+        return self.local.critic_step()
+
+    def adapter_state(self, transform: Transform | None = None) -> tuple[dict[str, torch.Tensor], dict]:
+        return self.local.adapter_state(transform)  # the replicated adapter: rank 0's copy is every rank's
+
+    def export_adapter(
+        self, directory: Path, dtype: str | None = None, transform: Transform | None = None
+    ) -> None:
+        self.local.export_adapter(directory, dtype, transform)
+
+    def parameter_bytes(self) -> int:
+        return self.local.parameter_bytes()
+
+    # --- every rank ------------------------------------------------------------------------------
+    def merged_linears(self) -> Iterator[LinearGroup]:
+        if not self.sharded:
+            yield from self.local.merged_linears()
+            return
+        with self.group.guard():
+            self.group.send("linears")
+            yield from self.local.merged_linears()
+
+    def merged_weight_buckets(
+        self, bucket_bytes: int, dtype: str, convert: Convert | None = None, everything: bool = False
+    ) -> Iterator[Bucket]:
+        if not self.sharded:
+            yield from self.local.merged_weight_buckets(bucket_bytes, dtype, convert, everything)
+            return
+        assert convert is None  # AWQ re-quantization is LoRA-only (validation)
+        with self.group.guard():
+            self.group.send("buckets", {"bucket_bytes": bucket_bytes, "dtype": dtype})
+            yield from self.local.merged_weight_buckets(bucket_bytes, dtype)
 
     def save(self, directory: Path) -> None:
         if not self.sharded:  # the replicated adapter: rank 0's copy is every rank's
@@ -278,36 +327,3 @@ class GroupBackend:
 
     def load(self, directory: Path) -> None:
         self.group.run("load", lambda: self.local.load(directory), {"directory": str(directory)})
-
-    def merged_weight_buckets(self, bucket_bytes: int, dtype: str, convert=None, everything: bool = False):
-        if not self.sharded:
-            yield from self.local.merged_weight_buckets(bucket_bytes, dtype, convert, everything)
-            return
-        assert convert is None  # AWQ re-quantization is LoRA-only (validation)
-        with self.group.guard():
-            self.group.send("buckets", {"bucket_bytes": bucket_bytes, "dtype": dtype})
-            yield from self.local.merged_weight_buckets(bucket_bytes, dtype)
-
-    def merged_linears(self):
-        if not self.sharded:
-            yield from self.local.merged_linears()
-            return
-        with self.group.guard():
-            self.group.send("linears")
-            yield from self.local.merged_linears()
-
-
-class LockstepEngine:
-    """rollout.engine=hf over a sharded trainer: the followers generate alongside rank 0 (their
-    forwards take part in the weight gathers); rank 0's rollout is the one used."""
-
-    def __init__(self, engine: Any, group: TrainGroup) -> None:
-        self.engine = engine
-        self.group = group
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.engine, name)
-
-    def generate(self, prompts: list[list[int]], sampling: Any, seed: int) -> RolloutBatch:
-        args = {"prompts": [list(p) for p in prompts], "sampling": sampling, "seed": seed}
-        return self.group.run("generate", lambda: self.engine.generate(prompts, sampling, seed), args)

@@ -1,20 +1,31 @@
-"""LoRA training backend (peft) on a frozen base; the reference policy is the base with the adapter off.
+"""train.backend=lora and qlora: a peft LoRA adapter trained on a frozen base (qlora: a 4-bit NF4 base).
 
-forward/backward/step are separate so that the update loop (loop.py) owns micro-batching and the loss.
+    lite-verl train --preset laptop                                  # train.backend=lora
+    lite-verl train --preset 4090x1 --set train.backend=qlora        # needs bitsandbytes
+
+`LoraBackend` is a TrainBackend (train/base.py); `build_lora_backend` makes one from model.path. The KL
+reference is the base with the adapter switched off, so it costs no memory. PPO's critic
+(algorithm.adv_estimator=gae) is a second adapter on the same base plus a value head. The rollout
+engine gets the adapter alone (sync.mode=adapter: adapter_state / export_adapter) or the merged
+weights W + s * B @ A (sync.mode=merged: merged_weight_buckets). forward/backward/step are separate so
+that update.py owns micro-batching and the loss. With several ranks (train/group.py) each holds a
+replica: build_rank_backend (train/rank.py) broadcasts rank 0's, and `step` sums the ranks' gradients.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
 import torch
 
 from lite_verl.batch import position_ids
-from lite_verl.config import CriticConfig, TrainConfig
+from lite_verl.config import Config, CriticConfig, TrainConfig
 from lite_verl.errors import ConfigError
 from lite_verl.tensorfile import FlatFileWriter
+from lite_verl.train.base import Bucket, Convert, LinearGroup, Transform
 from lite_verl.train.dist import sum_gradients
 from lite_verl.train.head import response_log_probs
 
@@ -29,9 +40,23 @@ def dense_weight(linear: torch.nn.Module) -> torch.Tensor:
     return linear.weight.float()
 
 
+def build_lora_backend(cfg: Config, model_dir: Path, device: torch.device) -> LoraBackend:
+    """train.backend=lora|qlora on `device`: the base from model_dir (NF4 for qlora), a fresh adapter
+    initialised from trainer.seed."""
+    from lite_verl.model.load import load_model
+
+    base = load_model(model_dir, cfg.model, device, nf4=cfg.train.backend == "qlora")
+    return LoraBackend(base, cfg.train, device, cfg.trainer.seed, cfg.model.fp32_lm_head)
+
+
 class LoraBackend:
-    """LoRA on a frozen base (train.backend=lora), or on a 4-bit NF4 base (train.backend=qlora: the
-    base comes from model.load_model(nf4=True); peft wraps its Linear4bit layers the same way)."""
+    """A TrainBackend (train/base.py): LoRA on a frozen base (train.backend=lora), or on a 4-bit NF4
+    base (train.backend=qlora: the base comes from model.load_model(nf4=True); peft wraps its
+    Linear4bit layers the same way)."""
+
+    has_adapter = True
+    supports_critic = True  # a second adapter on the same base, plus a value head
+    sharded = False  # each rank holds a whole replica of the adapter
 
     def __init__(
         self,
@@ -93,7 +118,7 @@ class LoraBackend:
         self.critic_optimizer = torch.optim.AdamW(self.critic_params, lr=cfg.lr, weight_decay=0.0)
 
     @contextmanager
-    def critic_mode(self):
+    def critic_mode(self) -> Iterator[None]:
         """The critic adapter is active (and trainable) inside; the actor's again after."""
         self.model.set_adapter("critic")
         try:
@@ -188,7 +213,7 @@ class LoraBackend:
         self.model.train(on)
 
     # --- weight sync into a rollout engine --------------------------------------------------------
-    def adapter_state(self, transform=None) -> tuple[dict[str, torch.Tensor], dict]:
+    def adapter_state(self, transform: Transform | None = None) -> tuple[dict[str, torch.Tensor], dict]:
         """The actor's LoRA tensors in peft's key format (live views; `transform(key, tensor) -> tensor`
         maps them first, e.g. AWQ: into the quantized model's scaled space) and its peft config as a
         JSON-ready dict: what a rollout engine needs to serve the adapter."""
@@ -206,7 +231,9 @@ class LoraBackend:
             state = {k: transform(k, v) for k, v in state.items()}
         return state, self._adapter_config
 
-    def export_adapter(self, directory: Path, dtype: str | None = None, transform=None) -> None:
+    def export_adapter(
+        self, directory: Path, dtype: str | None = None, transform: Transform | None = None
+    ) -> None:
         """The actor's adapter only, in peft's format (adapter_config.json + adapter_model.safetensors),
         cast to `dtype`. Written as one buffer (lite_verl.tensorfile), not with save_pretrained: the
         file-based adapter sync runs this after every update."""
@@ -222,7 +249,7 @@ class LoraBackend:
         )
 
     @torch.no_grad()
-    def merged_linears(self):
+    def merged_linears(self) -> Iterator[LinearGroup]:
         """Yield, per module holding adapted layers, [(HF module name, W + s * B @ A in fp32, bias)].
 
         Only adapted layers change under LoRA, but vLLM fuses siblings (q/k/v, gate/up) and reloads a
@@ -236,7 +263,7 @@ class LoraBackend:
             if isinstance(module, LoraLayer) and "default" in module.lora_A:
                 parents[name.rsplit(".", 1)[0]] = None
         for parent in parents:
-            group = []
+            group: LinearGroup = []
             for child_name, child in self.model.get_submodule(parent).named_children():
                 name = f"{parent}.{child_name}".removeprefix("base_model.model.")
                 if isinstance(child, LoraLayer) and "default" in child.lora_A:
@@ -250,7 +277,7 @@ class LoraBackend:
             yield group
 
     @torch.no_grad()
-    def unadapted_tensors(self, sent: set[str]):
+    def unadapted_tensors(self, sent: set[str]) -> Iterator[tuple[str, torch.Tensor]]:
         """Yield (HF parameter name, tensor) for every base weight merged_linears did not send (`sent`:
         the linear layers' names it did): embeddings, norms, the head, linear layers of modules without an
         adapter, in their own dtype (4-bit layers dequantized). A shared (tied) tensor once."""
@@ -276,7 +303,9 @@ class LoraBackend:
                     seen.add(id(p))
                     yield (f"{name}.{n}" if name else n), p.detach()
 
-    def merged_weight_buckets(self, bucket_bytes: int, dtype: str, convert=None, everything: bool = False):
+    def merged_weight_buckets(
+        self, bucket_bytes: int, dtype: str, convert: Convert | None = None, everything: bool = False
+    ) -> Iterator[Bucket]:
         """Lists of (parameter name, tensor) of about bucket_bytes each (whole groups of merged_linears,
         summed in fp32 and rounded once to `dtype`). `convert(name, weight, bias) -> {name: tensor}`
         replaces that rounding (AWQ re-quantization). everything: also every weight LoRA leaves alone
@@ -299,7 +328,7 @@ class LoraBackend:
             for n, t in self.unadapted_tensors(sent) if everything else ():
                 yield {n: t.to(torch_dtype(dtype))}
 
-        bucket: list[tuple[str, torch.Tensor]] = []
+        bucket: Bucket = []
         size = 0
         for part in parts():
             bucket += part.items()

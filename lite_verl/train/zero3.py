@@ -1,5 +1,8 @@
-"""train.backend=deepspeed: the ZeRO-3 sharding of train/full.py (deepspeed.initialize), with optional CPU
-offload of the weights (train.offload_params) and of the optimizer (train.offload_optimizer).
+"""train.backend=deepspeed: full fine-tuning partitioned by ZeRO-3 (deepspeed.initialize), with optional
+CPU offload of the weights (train.offload_params) and of the optimizer (train.offload_optimizer).
+
+`build_zero3_backend` makes the backend: the model of train/full.py, partitioned by `ZeroSharding`,
+inside a `FullBackend`; the frozen KL reference is partitioned the same way when it is first needed.
 
 DeepSpeed is imported only here: pip install 'lite-verl[deepspeed]'. Without a GPU it runs on its CPU
 accelerator (gloo), compiling two small C++ ops the first time it runs (a C++ compiler is needed; they are
@@ -23,8 +26,19 @@ import torch
 from lite_verl.config import Config
 from lite_verl.device import OFFLOAD_PAGEABLE, pin_host_memory
 from lite_verl.errors import ConfigError, MissingDependency
+from lite_verl.train.dist import ensure_process_group
+from lite_verl.train.full import FullBackend, gathered_modules, load_full_model, save_weights
 
 TAG = "state"  # DeepSpeed's checkpoint tag inside RUN/checkpoints/step_N/deepspeed/
+
+
+def build_zero3_backend(cfg: Config, model_dir: Path, device: torch.device) -> FullBackend:
+    """train.backend=deepspeed on `device` (this rank's, train/rank.rank_device), over the process group
+    of train/dist.py (joined, or a one-process group started)."""
+    _, world = ensure_process_group(device)
+    model = load_full_model(cfg, model_dir, "float32")  # fp32 masters; compute in model.dtype
+    zero = ZeroSharding(model, cfg, device, model_dir)
+    return FullBackend(zero, cfg.train, device, lambda: zero_reference(cfg, model_dir, device), world)
 
 
 def require_deepspeed(on_gpu: bool):
@@ -117,8 +131,6 @@ class ZeroSharding:
     def save(self, directory: Path) -> None:
         """DeepSpeed's own checkpoint (partitioned weights, fp32 masters, optimizer state), plus the full
         weights as a HF model directory (model/) for export."""
-        from lite_verl.train.full import gathered_modules, save_weights
-
         self.engine.save_checkpoint(str(directory / "deepspeed"), tag=TAG)
         weights = {}
         for name, _, full in gathered_modules(self):
@@ -146,8 +158,6 @@ def device_args(device: torch.device) -> Any:
 def zero_reference(cfg: Config, model_dir: Path, device: torch.device):
     """The frozen initial policy in model.dtype, partitioned by ZeRO-3 (in host memory with
     offload_params); returns the engine, which the reference forward calls."""
-    from lite_verl.train.full import load_full_model
-
     deepspeed = require_deepspeed(bool(cfg.train.gpus))
     model = load_full_model(cfg, model_dir, cfg.model.dtype)
     model.requires_grad_(False)

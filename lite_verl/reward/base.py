@@ -1,0 +1,73 @@
+"""The reward seam: one `Scorer` per reward source, chosen once by `make_scorer(cfg.reward)`.
+
+    scorer = make_scorer(cfg.reward)       # loads and checks the source: UserError before any write
+    scorer.bill_to(ledger)                 # a reward model's device is billed while it is loaded
+    scorer.start_step()                    # each step: release a reward model idle past keep_alive_s
+    scores = scorer.score(rows, texts)     # [N] float32; rows[i] is the prompt row of texts[i]
+    scorer.close()                         # end of run: stop the worker, release the model
+
+The sources (config validation allows one at most):
+    reward.model     RewardModelScorer  (model.py)   a sequence-classification model, loaded on demand
+    reward.url       RemoteScorer       (remote.py)  POST to an HTTP endpoint, on_error=default falls back
+    reward.function  IsolatedScorer     (worker.py)  the user function in a child process (reward.isolate)
+    otherwise        InProcessScorer    (rules.py)   the user function in process, or the rule rewards
+
+Every scorer has every method (a no-op where there is nothing to do), so the loop never asks `hasattr`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
+
+import torch
+
+from lite_verl.data.schema import PromptRow
+
+if TYPE_CHECKING:
+    from lite_verl.config import RewardConfig
+    from lite_verl.run.cost import Ledger
+
+
+@runtime_checkable
+class Scorer(Protocol):
+    """Scores responses; owns whatever the reward source holds (a worker process, a loaded model)."""
+
+    def score(self, rows: Sequence[PromptRow], texts: Sequence[str]) -> torch.Tensor:
+        """One reward per response: [N] float32, texts[i] answering rows[i]; a bad score is a RewardError."""
+        ...
+
+    def start_step(self) -> None:
+        """Called at the start of each training step (a reward model idle past keep_alive_s is released)."""
+        ...
+
+    def bill_to(self, ledger: Ledger) -> None:
+        """Report device time held by this scorer (a loaded reward model) to the run's ledger."""
+        ...
+
+    def close(self) -> None:
+        """End of run: stop what the scorer started; it is not used again."""
+        ...
+
+
+def make_scorer(cfg: RewardConfig) -> Scorer:
+    """The scorer for the reward section. Loads and checks the source now (the user function is imported
+    here even when it will run in a worker; a reward model's config is read), raising UserError before
+    the run directory exists. Nothing is started: the worker and the model start on the first score."""
+    from lite_verl.reward.rules import InProcessScorer, load_reward_function
+
+    if cfg.model:
+        from lite_verl.reward.model import OnDemandRewardModel, RewardModelScorer
+
+        return RewardModelScorer(OnDemandRewardModel(Path(cfg.model), cfg.device, cfg.keep_alive_s))
+    if cfg.url:
+        from lite_verl.reward.remote import RemoteScorer
+
+        return RemoteScorer(cfg.url, cfg.timeout_s, cfg.retries, cfg.on_error, cfg.default_score)
+    fn = load_reward_function(cfg.function)
+    if cfg.function and cfg.isolate:
+        from lite_verl.reward.worker import IsolatedScorer, RewardWorker
+
+        return IsolatedScorer(RewardWorker(cfg.function, cfg.timeout_s, cfg.on_error, cfg.default_score))
+    return InProcessScorer(fn, cfg.function or "the rule reward")
