@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from lite_verl.config import all_keys, load_config, parse_override
@@ -210,3 +212,10 @@ def test_full_finetune_is_fsdp_or_deepspeed():
         True,
         True,
     ]
+
+
+def test_presets_are_found_in_a_checkout_without_the_installed_package():
+    """Run from a checkout (PYTHONPATH=., no pip install), presets come from the repository's presets/."""
+    from lite_verl.config.presets import _preset_dir
+
+    assert _preset_dir() == Path(__file__).resolve().parent.parent / "presets"

@@ -17,7 +17,7 @@ AUTO = "auto"
 
 
 def _preset_dir() -> Path:
-    checkout = Path(__file__).resolve().parent.parent / "presets"
+    checkout = Path(__file__).resolve().parents[2] / "presets"  # lite_verl/config/presets.py -> repo root
     if checkout.is_dir():  # running from a checkout (tests, editable install)
         return checkout
     return Path(str(resources.files("lite_verl.presets")))  # installed wheel
