@@ -11,6 +11,7 @@ loss (gradient accumulation is then the same maths as one big batch).
 
 from __future__ import annotations
 
+import math
 from collections import defaultdict
 
 import torch
@@ -430,3 +431,41 @@ def log_probs_from_logits(logits: torch.Tensor, tokens: torch.Tensor) -> torch.T
     """logits [B, T, V], tokens [B, T] -> log p(token) [B, T], without materialising log_softmax."""
     picked = torch.gather(logits, -1, tokens.unsqueeze(-1)).squeeze(-1)
     return picked - torch.logsumexp(logits, dim=-1)
+
+
+# ----------------------------------------------------------------------------------------------------
+# Learning-rate schedule (the shape of transformers' get_{constant,linear,cosine}_schedule_with_warmup,
+# which TRL and verl use), as a pure function of the training step so that a resumed run and every rank
+# agree without any scheduler state.
+# ----------------------------------------------------------------------------------------------------
+LR_SCHEDULES = ("constant", "linear", "cosine")
+
+
+def lr_at(
+    step: int,
+    base_lr: float,
+    total_steps: int,
+    schedule: str,
+    warmup_steps: int = 0,
+    min_lr_ratio: float = 0.0,
+) -> float:
+    """The learning rate of training step `step` (1-based; every optimizer step within it uses this rate).
+
+    transformers' schedules at scheduler step s = step - 1 (what a LambdaLR stepped once per training step
+    gives): warm-up factor s / warmup_steps while s < warmup_steps; then with progress
+    p = (s - warmup) / (total - warmup): constant 1, linear 1 - p, cosine (1 + cos(pi p)) / 2; scaled into
+    [min_lr_ratio, 1] as transformers' cosine-with-min-lr does (factor' = min + (1 - min) * factor).
+    """
+    if schedule not in LR_SCHEDULES:
+        raise ValueError(f"unknown lr schedule {schedule!r}; one of {LR_SCHEDULES}")
+    s = step - 1
+    if s < warmup_steps:
+        return base_lr * s / max(1, warmup_steps)
+    if schedule == "constant":
+        return base_lr
+    progress = (s - warmup_steps) / max(1, total_steps - warmup_steps)
+    if schedule == "linear":
+        factor = max(0.0, 1.0 - progress)
+    else:
+        factor = max(0.0, 0.5 * (1.0 + math.cos(math.pi * progress)))
+    return base_lr * (min_lr_ratio + (1.0 - min_lr_ratio) * factor)

@@ -143,7 +143,7 @@ def _add_model_commands(sub) -> None:
         description="AWQ-quantize MODEL_DIR into OUT_DIR (group zero points), calibrated on prompts; "
         "OUT_DIR loads in vLLM and works as rollout.quantized_path.",
     )
-    p.add_argument("model", help="Hugging Face model directory")
+    p.add_argument("model", help="Hugging Face model directory, Hub id (org/name[@rev]) or .gguf file")
     p.add_argument("out", help="output directory")
     p.add_argument(
         "--calib", help="prompts file in verl's schema (jsonl/parquet); default: the built-in arithmetic task"
@@ -153,7 +153,7 @@ def _add_model_commands(sub) -> None:
 
 
 def _add_run_commands(sub) -> None:
-    """report, export: what a finished run directory gives."""
+    """report, export, eval: what a run directory (or a model) gives."""
     p = sub.add_parser(
         "report",
         help="print a finished run's bill and numbers, write PNG plots",
@@ -172,6 +172,21 @@ def _add_run_commands(sub) -> None:
     p.add_argument("run", help="run directory")
     p.add_argument("out", help="output directory")
     p.add_argument("--format", default="hf", choices=["hf", "awq"])
+
+    p = sub.add_parser(
+        "eval",
+        help="score a model or a run's last checkpoint: greedy accuracy, mean@k, pass@k per data source",
+        description="Generate with the config's rollout engine on the validation prompts (data.val_files, "
+        "or the built-in task's held-out set) and score with its reward: greedy, mean@k and pass@k per "
+        "data_source, as a table and --out JSON. A run directory evaluates its last checkpoint.",
+        epilog=EPILOG,
+    )
+    p.add_argument("target", metavar="MODEL_OR_RUN_DIR", help="a run directory, or a model (model.path)")
+    _add_config_args(p)
+    p.add_argument("--k", type=int, default=4, help="samples per prompt for mean@k and pass@k (default 4)")
+    p.add_argument("--correct", type=float, default=1.0, help="a reward at least this counts as correct")
+    p.add_argument("--limit", type=int, default=0, help="evaluate the first N prompts (default: all)")
+    p.add_argument("--out", help="write the result as JSON here")
 
 
 def _add_source_args(p: argparse.ArgumentParser) -> None:
@@ -227,14 +242,19 @@ def _version() -> str:
 
 
 def _quiet_libraries() -> None:
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")  # never download at run time
+    """Less noise from transformers; HF_HUB_OFFLINE, HF_HOME and HF_TOKEN stay the user's (a Hub id in
+    model.path downloads once, with the Hub's own progress bars)."""
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*is deprecated")
     try:
+        from huggingface_hub import constants
+        from huggingface_hub.utils import enable_progress_bars
         from transformers.utils import logging as hf_logging
 
-        hf_logging.disable_progress_bar()
+        hf_logging.disable_progress_bar()  # transformers' bars, and (through it) all of huggingface_hub's ...
+        if constants.HF_HUB_DISABLE_PROGRESS_BARS is None:  # ... but a model download keeps its own
+            enable_progress_bars("huggingface_hub.snapshot_download")
     except ImportError:  # pragma: no cover
         pass
 
@@ -414,6 +434,17 @@ def cmd_report(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_eval(args: argparse.Namespace) -> int:
+    from lite_verl.tools.evaluate import run_eval
+
+    if args.k < 1:
+        raise UserError(f"--k {args.k}: give at least 1 sample per prompt")
+    sets = [*args.sets, *([f"data.val_size={args.limit}"] if args.limit else [])]
+    run_eval(args.target, args.preset, args.config, sets, args.k, args.correct, Path(args.out) if args.out else None,
+             limit=args.limit)  # fmt: skip
+    return 0
+
+
 def cmd_export(args: argparse.Namespace) -> int:
     from lite_verl.tools.export import export_run
 
@@ -484,6 +515,7 @@ COMMANDS = {
     "quantize": cmd_quantize,
     "export": cmd_export,
     "report": cmd_report,
+    "eval": cmd_eval,
     "plan": cmd_plan,
     "import-gguf": cmd_import_gguf,
     "train": cmd_train,

@@ -151,7 +151,7 @@ def train_step(session: Session, sampler: PromptSampler, step: int, ledger: Ledg
         sync_s = session.engine.sync_weights(step)  # with a rollout in flight: waits for it, then loads
     metrics.update(waited)
     metrics.update(_overlap(session, timer.spans["update"]))
-    metrics.update(_rollout_metrics(rollout, scores))
+    metrics.update(_rollout_metrics(rollout, scores, session.scorer.last_parts))
     metrics.update(_step_metrics(session, timer, sync_s, rollout, metrics))
     return metrics
 
@@ -238,15 +238,24 @@ def train_update(session: Session, batch: UpdateBatch) -> dict[str, float]:
     )
 
 
-def _rollout_metrics(rollout: RolloutBatch, scores: torch.Tensor) -> dict[str, float]:
+def _rollout_metrics(
+    rollout: RolloutBatch, scores: torch.Tensor, parts: dict[str, torch.Tensor]
+) -> dict[str, float]:
+    """Reward and length statistics; with reward.functions, each function's mean over the responses it
+    scored (`parts`: [N] with NaN where it gave None) as reward/NAME/mean, next to the weighted total."""
     lengths = rollout.response_lengths().float()
-    return {
+    metrics = {
         "reward/mean": float(scores.mean()),
         "reward/std": float(scores.std()) if len(scores) > 1 else 0.0,
         "reward/max": float(scores.max()),
         "response_length/mean": float(lengths.mean()),
         "response_length/clip_ratio": float((lengths >= rollout.response_ids.shape[1]).float().mean()),
     }
+    for name, values in parts.items():
+        scored = values[~values.isnan()]
+        if len(scored):  # a function that scored nothing this step logs nothing (no NaN in metrics.jsonl)
+            metrics[f"reward/{name}/mean"] = float(scored.mean())
+    return metrics
 
 
 def _resume(session: Session, run: RunDir, ledger: Ledger) -> tuple[int, int]:

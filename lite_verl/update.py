@@ -266,7 +266,11 @@ def run_update(
     ranks: Ranks = ONE_RANK,
 ) -> dict[str, float]:
     """One step's update on every rank alike: experience, then the critic's and the actor's updates."""
-    a = cfg.algorithm
+    a, t = cfg.algorithm, cfg.train
+    lr = algos.lr_at(
+        batch.step, t.lr, cfg.trainer.total_steps, t.lr_scheduler, t.warmup_steps, t.min_lr_ratio
+    )
+    backend.set_lr(lr)  # a function of the step: every rank, and a resumed run, agree without state
     timer = PhaseTimer(backend.device)
     with timer.phase("experience"):  # the no-grad forwards: old, reference, values
         exp, metrics = make_experience(
@@ -274,6 +278,7 @@ def run_update(
             cfg.rollout.temperature, batch.baselines, ranks,
         )  # fmt: skip
     metrics.update(timer.metrics)
+    metrics["train/lr"] = lr
     rows_per_mini = (a.ppo_mini_batch_size or cfg.trainer.batch_size) * cfg.rollout.n
     if exp.values is not None:
         metrics.update(critic_update(backend, exp, a, cfg.critic, rows_per_mini, micro, ranks))

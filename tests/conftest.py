@@ -26,6 +26,8 @@ def _offline_cache(tmp_path_factory):
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     if "LITE_VERL_CACHE" not in os.environ:
         os.environ["LITE_VERL_CACHE"] = str(tmp_path_factory.mktemp("cache"))
+    # datasets caches every file it reads (Arrow); keep the tests' copies out of the user's cache
+    os.environ.setdefault("HF_DATASETS_CACHE", str(tmp_path_factory.mktemp("datasets-cache")))
     yield
 
 

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 from pathlib import Path
 
 import pytest
@@ -30,7 +29,8 @@ def _files(tmp: Path, tiny_dir: Path) -> None:
         json.dumps({**ROW, "prompt": [{"role": "user", "content": "a b " * 400}]}) + "\n"
     )
     (tmp / "unknown_source.jsonl").write_text(json.dumps({**ROW, "data_source": "mine"}) + "\n")
-    (tmp / "data.csv").write_text("a,b\n")
+    (tmp / "data.txt").write_text("a,b\n")
+    (tmp / "noprompt.csv").write_text("question,answer\nhi,1\n")
     (tmp / "badyaml.yaml").write_text("trainer:\n  seed: [1\n")
     (tmp / "list.yaml").write_text("- 1\n- 2\n")
     (tmp / "overlap.yaml").write_text(
@@ -42,11 +42,6 @@ def _files(tmp: Path, tiny_dir: Path) -> None:
     (tmp / "noconfig" / "weights.bin").write_text("")
     (tmp / "bert").mkdir()
     (tmp / "bert" / "config.json").write_text(json.dumps({"model_type": "t5"}))
-    shutil.copytree(tiny_dir, tmp / "nochat")
-    cfg = json.loads((tmp / "nochat" / "tokenizer_config.json").read_text())
-    cfg.pop("chat_template", None)
-    (tmp / "nochat" / "tokenizer_config.json").write_text(json.dumps(cfg))
-    (tmp / "nochat" / "chat_template.jinja").unlink(missing_ok=True)
     (tmp / "rw.py").write_text(
         "import os, time\n"
         "def raises(*a):\n    raise RuntimeError('bad reward')\n"
@@ -102,7 +97,6 @@ CASES: dict[str, tuple[list[str], str]] = {
     "model missing": (["--set", "model.path=/no/such/model"], "does not exist"),
     "model no config": (["--set", "model.path=noconfig"], "has no config.json"),
     "not a causal LM": (["--set", "model.path=bert"], "is a 't5' model, not a causal LM"),
-    "no chat template": (["--set", "model.path=nochat"], "has no chat template"),
     "bad tiny arch": (["--set", "model.path=tiny:gpt9"], "tiny:qwen2 or tiny:llama"),
     "bad target modules": (["--set", "train.target_modules=[c_attn]"], "are not module names of this model"),
     # data
@@ -110,11 +104,16 @@ CASES: dict[str, tuple[list[str], str]] = {
     "data empty": (["--set", "data.train_files=[empty.jsonl]"], "holds no rows"),
     "data not json": (["--set", "data.train_files=[notjson.jsonl]"], "notjson.jsonl:1: not valid JSON"),
     "no ground truth": (["--set", "data.train_files=[nogt.jsonl]"], "missing field 'reward_model.ground_truth'"),
-    "prompt not a list": (["--set", "data.train_files=[badprompt.jsonl]"], "must be a non-empty list of chat messages"),
+    "prompt not a list": (["--set", "data.train_files=[badprompt.jsonl]"], "badprompt.jsonl:1: field 'prompt' must be text or a non-empty list"),
     "prompt too long": (["--set", "data.train_files=[long.jsonl]"], "more than data.max_prompt_length"),
     "all prompts dropped": (["--set", "data.train_files=[long.jsonl]", "--set", "data.filter_overlong_prompts=true"],
                             "every prompt is longer"),
-    "wrong extension": (["--set", "data.train_files=[data.csv]"], "must end in .jsonl or .parquet"),
+    "wrong extension": (["--set", "data.train_files=[data.txt]"], "must end in .jsonl, .json, .parquet, .csv"),
+    "no prompt column": (["--set", "data.train_files=[noprompt.csv]"], "noprompt.csv has no column 'prompt' (its columns: question, answer)"),
+    "bad answer column": (["--set", "data.train_files=[noprompt.csv]", "--set", "data.prompt_key=question", "--set",
+                           "data.answer_key=solution"], "noprompt.csv row 0: missing field 'solution'; set data.answer_key"),
+    "bad split": (["--set", "data.split=train["], "data.split='train[' must be a split name"),
+    "hub dataset not cached": (["--set", "data.train_files=[nobody/nothing]"], "is not in the datasets cache and HF_HUB_OFFLINE is set"),
     # rewards
     "reward module missing": (["--set", "reward.function=no_such_mod:f"], "cannot import 'no_such_mod'"),
     "reward function missing": (["--set", "reward.function=rw.py:nope"], "has no function 'nope'"),

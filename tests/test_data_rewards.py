@@ -7,17 +7,13 @@ import json
 import pytest
 from conftest import SHARED_GSM8K
 
+from lite_verl.config import RewardConfig
 from lite_verl.data.loader import PromptSampler
-from lite_verl.data.schema import load_rows, parse_row
+from lite_verl.data.schema import PromptRow, load_rows, parse_row
 from lite_verl.data.tasks import echo_rows, task_rows
 from lite_verl.errors import DataError, RewardError
-from lite_verl.reward.rules import (
-    default_compute_score,
-    echo_score,
-    gsm8k_extract,
-    load_reward_function,
-    score_batch,
-)
+from lite_verl.reward.base import make_scorer
+from lite_verl.reward.rules import default_compute_score, echo_score, gsm8k_extract, load_reward_function
 
 ROW = {
     "prompt": [{"role": "user", "content": "1+1?"}],
@@ -106,13 +102,17 @@ def test_user_reward_function(tmp_path):
         "def nan(*a):\n    return float('nan')\n"
         "def as_dict(*a):\n    return {'score': 1.0, 'acc': True}\n"
     )
-    fn = load_reward_function(f"{f}:length")
-    assert score_batch(fn, ["x"], ["abcde"], ["g"], [{}]) == [0.5]
-    assert score_batch(load_reward_function(f"{f}:as_dict"), ["x"], ["a"], ["g"], [{}]) == [1.0]
+
+    def score(name: str, text: str) -> list[float]:
+        scorer = make_scorer(RewardConfig(function=f"{f}:{name}", isolate=False))
+        return scorer.score([PromptRow(({"role": "user", "content": "q"},), "x", "g")], [text]).tolist()
+
+    assert score("length", "abcde") == [0.5]
+    assert score("as_dict", "a") == [1.0]
     with pytest.raises(RewardError, match="raised ValueError: boom on sample 0"):
-        score_batch(load_reward_function(f"{f}:broken"), ["x"], ["a"], ["g"], [{}])
+        score("broken", "a")
     with pytest.raises(RewardError, match="returned nan on sample 0"):
-        score_batch(load_reward_function(f"{f}:nan"), ["x"], ["a"], ["g"], [{}])
+        score("nan", "a")
     with pytest.raises(RewardError, match="has no function 'missing'"):
         load_reward_function(f"{f}:missing")
     with pytest.raises(RewardError, match="cannot import 'no_such_module_xyz'"):

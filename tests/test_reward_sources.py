@@ -151,9 +151,9 @@ def test_remote_reward_timeout_is_a_clear_error_or_the_default(tmp_path):
 
 
 def test_make_scorer_picks_one_scorer_per_source(tmp_path):
+    from lite_verl.reward.functions import InProcessScorer
     from lite_verl.reward.model import RewardModelScorer
     from lite_verl.reward.remote import RemoteScorer
-    from lite_verl.reward.rules import InProcessScorer
     from lite_verl.reward.worker import IsolatedScorer
     from lite_verl.run.cost import Ledger
 

@@ -87,6 +87,8 @@ def _type_name(tp: Any) -> str:
     if origin is dict:
         k, v = typing.get_args(tp)
         return f"mapping of {_type_name(k)} to {_type_name(v)}"
+    if dataclasses.is_dataclass(tp):
+        return f"mapping with keys {', '.join(_hints(typing.cast(type, tp)))}"
     return getattr(tp, "__name__", str(tp))
 
 
@@ -124,6 +126,14 @@ def _coerce(key: str, value: Any, tp: Any) -> Any:
             raise bad
         kt, vt = typing.get_args(tp)
         return {_coerce(f"{key} key", k, kt): _coerce(f"{key}.{k}", v, vt) for k, v in value.items()}
+    if dataclasses.is_dataclass(tp):  # an entry of a list of small sections (reward.functions)
+        if not isinstance(value, dict):
+            raise bad
+        names = _hints(typing.cast(type, tp))
+        unknown = next((k for k in value if k not in names), None)
+        if unknown is not None:
+            raise ConfigError(f"{key}: unknown key {unknown!r}; its keys are {', '.join(names)}")
+        return _build(typing.cast(type, tp), value, f"{key}.")
     if tp is bool:
         if not isinstance(value, bool):
             raise bad
@@ -181,7 +191,7 @@ def to_dict(cfg: Any) -> dict[str, Any]:
         if dataclasses.is_dataclass(v):
             out[f.name] = to_dict(v)
         elif isinstance(v, tuple):
-            out[f.name] = list(v)
+            out[f.name] = [to_dict(x) if dataclasses.is_dataclass(x) else x for x in v]
         elif isinstance(v, dict):
             out[f.name] = dict(v)
         else:

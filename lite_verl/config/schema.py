@@ -21,6 +21,7 @@ Dtype = Literal["float32", "bfloat16", "float16"]
 Engine = Literal["hf", "vllm"]
 Quantization = Literal["none", "awq"]
 Backend = Literal["lora", "qlora", "fsdp", "deepspeed"]
+LrScheduler = Literal["constant", "linear", "cosine"]  # algos.LR_SCHEDULES lists the same
 OptimizerStateDtype = Literal["float32", "bfloat16"]
 AdvEstimator = Literal[
     "gae", "grpo", "dr_grpo", "rloo", "reinforce_plus_plus", "reinforce_plus_plus_baseline", "remax"
@@ -52,7 +53,12 @@ def key(default: T, help: str) -> T:
 @dataclass(frozen=True)
 class ModelConfig:
     path: str = key(
-        "tiny:qwen2", "HF causal-LM directory, or tiny:qwen2 / tiny:llama (random-init, made on the spot)"
+        "tiny:qwen2",
+        "HF causal-LM directory, Hub id org/name[@revision] (cached snapshot, else downloaded once), "
+        "a .gguf file (imported once), or tiny:qwen2 / tiny:llama (random-init, made on the spot)",
+    )
+    revision: str = key(
+        "", "Hub id only: branch, tag or commit to use; empty = main (or the @revision in path)"
     )
     dtype: Dtype = key("float32", "weights and compute of the trained model")
     trust_remote_code: bool = key(False, "passed to from_pretrained for models with custom code")
@@ -63,8 +69,45 @@ class ModelConfig:
 
 @dataclass(frozen=True)
 class DataConfig:
-    train_files: tuple[str, ...] = key((), "jsonl/parquet files in verl's schema; empty = the built-in task")
-    val_files: tuple[str, ...] = key((), "validation files (same schema); empty = a held-out built-in set")
+    train_files: tuple[str, ...] = key(
+        (),
+        "prompt data: .jsonl/.json/.parquet/.csv files or directories of them, datasets save_to_disk "
+        "directories, or Hub dataset ids org/name[@revision] (read by `datasets`); empty = the built-in task",
+    )
+    val_files: tuple[str, ...] = key(
+        (),
+        "validation data, same forms (split data.val_split); empty = split data.val_split of train_files "
+        "when it has one (none if not), or a held-out built-in set",
+    )
+    subset: str = key("", "Hub dataset config (load_dataset's name), e.g. main for openai/gsm8k")
+    split: str = key(
+        "train", "split of train_files to train on (a single file is one split); slices work: train[:90%]"
+    )
+    val_split: str = key(
+        "test",
+        "split of val_files, or else of train_files, to validate on (TRL's dataset_test_split); '' = none; "
+        "a held-out slice: split=train[:-200] val_split=train[-200:]",
+    )
+    prompt_key: str = key(
+        "prompt", "column holding the prompt: plain text, or a list of chat messages {role, content}"
+    )
+    answer_key: str = key(
+        "reward_model.ground_truth",
+        "column holding the ground truth given to the reward, its type kept; a.b = key b of struct column a "
+        "(verl's schema); '' = none",
+    )
+    system_prompt: str = key("", "a system message put before every prompt that has none")
+    apply_chat_template: bool = key(
+        True,
+        "format prompts with the model's chat template when it has one (else plain text); false = the "
+        "prompt text as is, for base models",
+    )
+    data_source: str = key(
+        "", "data_source of rows without that column (picks the rule reward); empty = the path or Hub id"
+    )
+    skip_bad_rows: bool = key(
+        False, "skip rows with a missing or malformed prompt or answer (counted on stderr), not an error"
+    )
     task: str = key(
         "echo", "built-in task when train_files is empty: echo | arithmetic (data/tasks.py TASKS)"
     )
@@ -122,8 +165,15 @@ class TrainConfig:
         "CPU training (gpus empty) in this many gloo processes: a laptop runs the maths of a len(gpus)-GPU run",
     )
     lr: float = key(
-        3e-3, "AdamW learning rate (constant); right for tiny models; ~1e-5..5e-5 for real 1B+ LoRA"
+        3e-3,
+        "AdamW learning rate (peak, after warm-up); right for tiny models; ~1e-5..1e-4 for real 1B+ LoRA",
     )
+    lr_scheduler: LrScheduler = key(
+        "constant",
+        "learning rate over the run after warm-up (transformers' schedules, one step per training step)",
+    )
+    warmup_steps: int = key(0, "training steps of linear warm-up from 0 to train.lr (0 = none)")
+    min_lr_ratio: float = key(0.0, "linear/cosine: the rate decays to train.lr x this at the last step")
     weight_decay: float = key(0.0, "AdamW weight decay")
     grad_clip: float = key(1.0, "max global grad norm; <= 0 disables clipping")
     micro_batch_size: int = key(8, "sequences per forward/backward; a memory knob, never changes the maths")
@@ -205,14 +255,38 @@ class CriticConfig:
 
 
 @dataclass(frozen=True)
-class RewardConfig:
-    function: str = key("", "module:function or path/to/file.py:function; empty = rule by data_source")
-    isolate: bool = key(
-        True, "run reward.function in a worker process (a crash or hang cannot take the run down)"
+class RewardFunctionConfig:
+    """One entry of reward.functions (a mapping in YAML: {fn: boxed, weight: 1.0})."""
+
+    fn: str = key(
+        "", "module:function, path/to/file.py:function, or a built-in: rule | gsm8k | boxed | format | length"
     )
-    timeout_s: float = key(30.0, "per-sample time limit for reward.function (isolated only)")
-    on_error: OnError = key("raise", "what a raising, crashing or hanging reward.function does")
-    default_score: float = key(0.0, "the score given on a failure when on_error=default")
+    weight: float = key(1.0, "its weight in the reward (the weighted sum of the functions' values)")
+    name: str = key("", "its metric reward/NAME/mean; empty = the built-in's or the function's name")
+    args: dict[str, str] = key({}, "a built-in's settings, e.g. {tags: think,answer} (reward/builtins.py)")
+
+
+@dataclass(frozen=True)
+class RewardConfig:
+    function: str = key(
+        "",
+        "one reward function, module:function or path/to/file.py:function, verl's compute_score or TRL's "
+        "fn(prompts, completions, **columns); empty = rule by data_source",
+    )
+    functions: tuple[RewardFunctionConfig, ...] = key(
+        (),
+        "several weighted reward functions instead: [{fn: ..., weight: 1.0, name: ..., args: {...}}], "
+        "fn a user function or a built-in (rule, gsm8k, boxed, format, length); "
+        "reward = sum of weight x value (a None skipped)",
+    )
+    isolate: bool = key(
+        True, "run user reward functions in a worker process (a crash or hang cannot take the run down)"
+    )
+    timeout_s: float = key(
+        30.0, "time limit per sample of a user reward function (isolated only; a TRL batch gets N x this)"
+    )
+    on_error: OnError = key("raise", "what a raising, crashing or hanging user reward function does")
+    default_score: float = key(0.0, "the value a failed function gives a sample when on_error=default")
     device: str = key("cpu", "where a reward model runs: cpu or cuda:N")
     model: str = key("", "a reward model dir (sequence classification, one output); replaces the rule reward")
     keep_alive_s: float = key(

@@ -10,12 +10,14 @@ from __future__ import annotations
 
 import functools
 import importlib.util
+import math
 from pathlib import Path
 from typing import get_args
 
 from lite_verl.config.convert import choices, key_types, not_one_of
-from lite_verl.config.schema import AdvEstimator, Config, RolloutConfig, TrainConfig
-from lite_verl.errors import ConfigError, MissingDependency
+from lite_verl.config.schema import AdvEstimator, Config, RewardConfig, RolloutConfig, TrainConfig
+from lite_verl.errors import ConfigError, MissingDependency, RewardError
+from lite_verl.reward import builtins as reward_builtins
 
 ADV_ESTIMATORS: tuple[AdvEstimator, ...] = get_args(AdvEstimator)
 GROUP_ESTIMATORS: tuple[AdvEstimator, ...] = ("grpo", "dr_grpo", "rloo", "reinforce_plus_plus_baseline")
@@ -80,6 +82,21 @@ def _check_model_data(cfg: Config) -> None:
     _positive("data.task_size", d.task_size)
     _positive("data.val_size", d.val_size, allow_zero=True)
     _positive("data.max_prompt_length", d.max_prompt_length)
+    _check_data_columns(cfg)
+
+
+def _check_data_columns(cfg: Config) -> None:
+    """Keys naming splits and columns: well-formed (whether the data has them is checked when it loads)."""
+    from lite_verl.data.sources import is_split_spec
+
+    d = cfg.data
+    if not d.prompt_key:
+        raise ConfigError("data.prompt_key is empty; name the column that holds the prompts (e.g. question)")
+    for name, spec, may_be_empty in (("data.split", d.split, False), ("data.val_split", d.val_split, True)):
+        if not (spec or may_be_empty) or not is_split_spec(spec):
+            raise ConfigError(
+                f"{name}={spec!r} must be a split name with an optional slice: train, test, train[:90%], train[-200:]"
+            )
 
 
 def _check_rollout(cfg: Config) -> None:
@@ -147,6 +164,9 @@ def _check_awq(r: RolloutConfig) -> None:
 
 def _check_train(t: TrainConfig) -> None:
     _positive("train.lr", t.lr)
+    _positive("train.warmup_steps", t.warmup_steps, allow_zero=True)
+    if not 0 <= t.min_lr_ratio <= 1:
+        raise ConfigError(f"train.min_lr_ratio={t.min_lr_ratio} must be in [0, 1] (a fraction of train.lr)")
     _positive("train.weight_decay", t.weight_decay, allow_zero=True)
     _positive("train.micro_batch_size", t.micro_batch_size)
     _positive("train.max_memory_gib", t.max_memory_gib, allow_zero=True)
@@ -197,24 +217,61 @@ def _check_algorithm(cfg: Config) -> None:
         )
 
 
+def _check_reward_functions(w: RewardConfig) -> None:
+    """reward.functions: user functions or built-ins with valid args; weights finite, names unique."""
+    names: dict[str, int] = {}
+    for i, f in enumerate(w.functions):
+        where = f"reward.functions[{i}]"
+        if f.fn in reward_builtins.ARGS:
+            try:
+                reward_builtins.check_args(f.fn, f.args)
+            except RewardError as e:
+                raise ConfigError(f"{where}: {e}") from None
+        elif ":" not in f.fn:
+            raise ConfigError(
+                f"{where}.fn={f.fn!r} must be module:function, path/to/file.py:function or a built-in "
+                f"({', '.join(reward_builtins.ARGS)})"
+            )
+        elif f.args:
+            raise ConfigError(f"{where}.args: only built-in rewards take args; {f.fn} is a user function")
+        if not math.isfinite(f.weight):
+            raise ConfigError(f"{where}.weight={f.weight} must be a finite number")
+        name = f.name or f.fn.rpartition(":")[2]
+        if name in names:
+            raise ConfigError(
+                f"reward.functions[{names[name]}] and [{i}] are both named {name!r}; "
+                "set name: on one (it names the metric)"
+            )
+        names[name] = i
+
+
 def _check_reward_trainer(cfg: Config) -> None:
+    from lite_verl.model.hub import parse_hub_id
+
     w, tr = cfg.reward, cfg.trainer
     if w.function and ":" not in w.function:
-        raise ConfigError(
-            f"reward.function={w.function!r} must be module:function or path/to/file.py:function"
+        builtin = (
+            f"; a built-in goes in reward.functions=[{{fn: {w.function}}}]"
+            if w.function in reward_builtins.ARGS
+            else ""
         )
+        raise ConfigError(
+            f"reward.function={w.function!r} must be module:function or path/to/file.py:function{builtin}"
+        )
+    _check_reward_functions(w)
     _positive("reward.timeout_s", w.timeout_s)
-    if w.on_error == "default" and w.function and not w.isolate:
+    user_code = w.function or any(f.fn not in reward_builtins.ARGS for f in w.functions)
+    if w.on_error == "default" and user_code and not w.isolate:
         raise ConfigError("reward.on_error=default needs reward.isolate=true (a worker process to restart)")
     if w.device != "cpu" and not (w.device.startswith("cuda:") and w.device[5:].isdigit()):
         raise ConfigError(f"reward.device={w.device!r} must be cpu or cuda:N")
-    sources = [
-        k for k, v in (("reward.function", w.function), ("reward.model", w.model), ("reward.url", w.url)) if v
-    ]
+    given = {"reward.function": w.function, "reward.functions": w.functions, "reward.model": w.model,
+             "reward.url": w.url}  # fmt: skip
+    sources = [k for k, v in given.items() if v]
     if len(sources) > 1:
         raise ConfigError(f"{' and '.join(sources)} are both set; a run has one reward source: keep one")
-    if w.model and not Path(w.model).is_dir():
-        raise ConfigError(f"reward.model={w.model!r} does not exist; give a reward model directory")
+    if w.model and not Path(w.model).is_dir() and parse_hub_id(w.model) is None:
+        raise ConfigError(f"reward.model={w.model!r} does not exist; give a reward model directory or Hub id")
     _positive("reward.keep_alive_s", w.keep_alive_s, allow_zero=True)
     if w.url and not w.url.startswith(("http://", "https://")):
         raise ConfigError(f"reward.url={w.url!r} must start with http:// or https://")

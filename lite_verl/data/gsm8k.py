@@ -24,7 +24,7 @@ def convert_gsm8k(src: str | Path, dst: str | Path, split: str = "") -> int:
     if not src.is_file():
         raise DataError(f"{src} does not exist; give GSM8K's train.jsonl or test.jsonl")
     split = split or src.stem
-    rows = []
+    rows: list[PromptRow] = []
     with src.open() as f:
         for i, line in enumerate(f, start=1):
             if not line.strip():

@@ -1,4 +1,11 @@
-"""Prompt datasets ready for rollout: rows, their token ids, and a seeded, resumable sampler."""
+"""Prompt datasets ready for rollout: rows, their token ids, and a seeded, resumable sampler.
+
+Rows come from data.train_files / data.val_files (sources.py reads them through `datasets`, schema.py maps
+their columns) or from the built-in task. A prompt is formatted with the model's chat template when it has
+one (data.apply_chat_template); without one, or with the key off, the prompt text goes in as it is, with the
+tokenizer's special tokens (a base model's BOS). Too-long prompts are an error naming the row, or dropped
+and counted with data.filter_overlong_prompts: never truncated.
+"""
 
 from __future__ import annotations
 
@@ -8,33 +15,51 @@ from dataclasses import dataclass
 import torch
 
 from lite_verl.config import DataConfig
-from lite_verl.data.schema import PromptRow, load_rows
+from lite_verl.data.schema import ColumnKeys, PromptRow, load_rows, rows_from
+from lite_verl.data.sources import load_split
 from lite_verl.data.tasks import task_rows
-from lite_verl.errors import DataError, ModelError
+from lite_verl.errors import DataError
 
 
 @dataclass(frozen=True)
 class PromptSet:
     rows: list[PromptRow]
-    token_ids: list[list[int]]  # chat-templated prompt ids, one list per row
+    token_ids: list[list[int]]  # formatted prompt ids (chat template or plain text), one list per row
 
     def __len__(self) -> int:
         return len(self.rows)
 
 
-def encode_prompts(
-    rows: list[PromptRow], tokenizer, max_len: int, what: str, drop_long: bool = False
-) -> tuple[list[PromptRow], list[list[int]]]:
-    """Chat-template and tokenize every row; (kept rows, their ids)."""
-    if not getattr(tokenizer, "chat_template", None):
-        raise ModelError(
-            "the model's tokenizer has no chat template; use an instruct/chat model or add "
-            "'chat_template' to its tokenizer_config.json"
+def plain_text(messages: tuple[dict[str, str], ...], where: str) -> str:
+    """A single-turn prompt without a chat template: its system and user texts, a blank line apart."""
+    if sum(m["role"] != "system" for m in messages) != 1 or messages[-1]["role"] != "user":
+        raise DataError(
+            f"{where}: a conversation of {len(messages)} messages needs a chat template, and the model has "
+            "none "
+            "(or data.apply_chat_template=false); use a chat model or single-turn prompts"
         )
+    return "\n\n".join(m["content"] for m in messages)
+
+
+def encode_prompts(
+    rows: list[PromptRow],
+    tokenizer,
+    max_len: int,
+    what: str,
+    drop_long: bool = False,
+    chat_template: bool = True,
+) -> tuple[list[PromptRow], list[list[int]]]:
+    """Format and tokenize every row; (kept rows, their ids). `chat_template`: data.apply_chat_template."""
+    templated = chat_template and bool(getattr(tokenizer, "chat_template", None))
     kept, out = [], []
     for i, row in enumerate(rows):
-        text = tokenizer.apply_chat_template(list(row.messages), add_generation_prompt=True, tokenize=False)
-        ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+        if templated:
+            text = tokenizer.apply_chat_template(
+                list(row.messages), add_generation_prompt=True, tokenize=False
+            )
+            ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+        else:
+            ids = tokenizer(plain_text(row.messages, f"{what} row {i}"), add_special_tokens=True)["input_ids"]
         if len(ids) > max_len and drop_long:
             continue
         if len(ids) > max_len:
@@ -55,22 +80,69 @@ def encode_prompts(
     return kept, out
 
 
-def load_prompt_sets(cfg: DataConfig, tokenizer, seed: int) -> tuple[PromptSet, PromptSet]:
-    """(train, val). Files when given, else the built-in task from `seed` (val held out)."""
+def column_keys(cfg: DataConfig) -> ColumnKeys:
+    return ColumnKeys(cfg.prompt_key, cfg.answer_key, cfg.system_prompt, cfg.data_source)
+
+
+def _held_out(cfg: DataConfig) -> list[PromptRow]:
+    """Validation rows from split data.val_split of the training sources, where they have it."""
+    if not cfg.val_split or cfg.val_size == 0:
+        return []
+    rows: list[PromptRow] = []
+    for name in cfg.train_files:
+        parts = load_split(
+            name, cfg.val_split, cfg.subset, "data.train_files", "data.val_split", required=False
+        )
+        if parts is not None:
+            rows.extend(rows_from(parts, column_keys(cfg), "data.train_files", cfg.skip_bad_rows))
+    if not rows:
+        print(
+            f"lite-verl: no validation prompts: data.train_files has no split {cfg.val_split!r} "
+            "(data.val_split); "
+            "give data.val_files, or hold out a slice: data.split=train[:-200] data.val_split=train[-200:]",
+            file=sys.stderr,
+        )
+    return rows
+
+
+def prompt_rows(cfg: DataConfig, seed: int) -> tuple[list[PromptRow], list[PromptRow]]:
+    """(train, val) rows before tokenizing: the files when given, else the built-in task from `seed`."""
+    keys = column_keys(cfg)
     if cfg.train_files:
-        train_rows = load_rows(cfg.train_files, "data.train_files")
+        train_rows = load_rows(
+            cfg.train_files, "data.train_files", keys, cfg.split, cfg.subset, cfg.skip_bad_rows
+        )
     else:
         train_rows = task_rows(cfg.task, cfg.task_size, seed, "train")
     if cfg.val_files:
-        val_rows = load_rows(cfg.val_files, "data.val_files")
+        val_rows = load_rows(
+            cfg.val_files,
+            "data.val_files",
+            keys,
+            cfg.val_split,
+            cfg.subset,
+            cfg.skip_bad_rows,
+            "data.val_split",
+        )
     elif cfg.train_files:
-        val_rows = []
+        val_rows = _held_out(cfg)
     else:
         val_rows = task_rows(cfg.task, cfg.val_size, seed, "val")
-    val_rows = val_rows[: cfg.val_size]
-    drop = cfg.filter_overlong_prompts
-    train = PromptSet(*encode_prompts(train_rows, tokenizer, cfg.max_prompt_length, "data.train_files", drop))
-    val = PromptSet(*encode_prompts(val_rows, tokenizer, cfg.max_prompt_length, "data.val_files", drop))
+    return train_rows, val_rows[: cfg.val_size]
+
+
+def load_prompt_sets(cfg: DataConfig, tokenizer, seed: int) -> tuple[PromptSet, PromptSet]:
+    """(train, val), formatted and tokenized (see prompt_rows)."""
+    train_rows, val_rows = prompt_rows(cfg, seed)
+    if cfg.apply_chat_template and not getattr(tokenizer, "chat_template", None):
+        print(
+            "lite-verl: the model has no chat template: prompts go in as plain text "
+            "(data.apply_chat_template=false says so)",
+            file=sys.stderr,
+        )
+    drop, template, n = cfg.filter_overlong_prompts, cfg.apply_chat_template, cfg.max_prompt_length
+    train = PromptSet(*encode_prompts(train_rows, tokenizer, n, "data.train_files", drop, template))
+    val = PromptSet(*encode_prompts(val_rows, tokenizer, n, "data.val_files", drop, template))
     return train, val
 
 

@@ -1,28 +1,42 @@
-"""Prompt rows in verl's dataset schema, and their loading from jsonl / parquet with row-level checks.
+"""Prompt rows: the PromptRow type, and the mapping of a dataset row's columns onto it.
 
-A row:
-    {"prompt": [{"role": "user", "content": "..."}],      # chat messages
+verl's schema is the default mapping (data.prompt_key=prompt, data.answer_key=reward_model.ground_truth):
+    {"prompt": [{"role": "user", "content": "..."}],      # chat messages, or plain text
      "data_source": "openai/gsm8k",                      # selects the rule reward
      "reward_model": {"style": "rule", "ground_truth": "42"},
      "extra_info": {...}}                                 # optional, passed to the reward function
+Any other dataset maps its own columns, e.g. GSM8K's original {"question", "answer"}: data.prompt_key=question
+data.answer_key=answer. Every column but the prompt rides along in PromptRow.columns (TRL hands them to
+reward functions as keyword arguments). A bad row is a DataError naming its file, row and column, or is
+skipped and counted (data.skip_bad_rows). Reading the files: sources.py.
 """
 
 from __future__ import annotations
 
 import json
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from lite_verl.data.sources import RawRows, load_split
 from lite_verl.errors import DataError
+
+MESSAGES = "a list of chat messages {role, content}"
 
 
 @dataclass(frozen=True)
 class PromptRow:
-    messages: tuple[dict[str, str], ...]  # chat messages, each {"role", "content"}
-    data_source: str  # selects the rule reward (see rewards.py)
-    ground_truth: str  # reward_model.ground_truth as a string
-    extra_info: dict[str, Any] = field(default_factory=dict)
+    messages: tuple[dict[str, str], ...]  # chat messages {"role", "content"}; plain text: one user message
+    data_source: str  # selects the rule reward (see reward/rules.py)
+    ground_truth: Any  # the answer column, its type kept (str, int, list...); None when data.answer_key=''
+    extra_info: dict[str, Any] = field(default_factory=dict)  # verl's extra_info column
+    # every column of the source row but the prompt, types kept, the answer's too under its own name
+    # (TRL passes these to reward functions as keywords); {} for the built-in tasks
+    columns: dict[str, Any] = field(default_factory=dict)
+    # the prompt column held chat messages (TRL's "conversational" format), not text: TRL-shaped reward
+    # functions get prompts and completions as messages then, as text otherwise (reward/functions.py)
+    conversational: bool = True
 
     def to_verl(self) -> dict[str, Any]:
         return {
@@ -33,20 +47,40 @@ class PromptRow:
         }
 
 
-def parse_row(raw: Any, where: str) -> PromptRow:
-    """Check one raw row; `where` is "file:row" for the error message."""
-    if not isinstance(raw, dict):
-        raise DataError(f"{where}: a row must be a JSON object with 'prompt' and 'data_source'")
-    prompt = raw.get("prompt")
+@dataclass(frozen=True)
+class ColumnKeys:
+    """Which columns make a PromptRow: DataConfig's prompt_key, answer_key, system_prompt, data_source."""
+
+    prompt: str = "prompt"
+    answer: str = "reward_model.ground_truth"  # a.b reads key b of struct column a; "" = no ground truth
+    system_prompt: str = ""  # a system message put before prompts that have none
+    data_source: str = ""  # for rows without a data_source column; "" = the source's path or Hub id
+
+
+def lookup(raw: dict[str, Any], key: str) -> Any:
+    """raw[key], or for a dotted key the value inside struct columns (reward_model.ground_truth), or None."""
+    if key in raw:
+        return raw[key]
+    value: Any = raw
+    for part in key.split("."):
+        if not isinstance(value, dict):
+            return None
+        value = value.get(part)
+    return value
+
+
+def _messages(prompt: Any, where: str, key: str, system: str) -> tuple[dict[str, str], ...]:
     if prompt is None:
-        raise DataError(f"{where}: missing field 'prompt' (a list of chat messages {{role, content}})")
-    if hasattr(prompt, "tolist"):  # parquet gives numpy arrays
+        raise DataError(f"{where}: missing field {key!r} (text, or {MESSAGES})")
+    if hasattr(prompt, "tolist"):  # numpy arrays from pandas/parquet
         prompt = prompt.tolist()
     if isinstance(prompt, str):
+        if not prompt.strip():
+            raise DataError(f"{where}: field {key!r} is empty")
         prompt = [{"role": "user", "content": prompt}]
     if not isinstance(prompt, (list, tuple)) or not prompt:
         raise DataError(
-            f"{where}: field 'prompt' must be a non-empty list of chat messages {{role, content}}"
+            f"{where}: field {key!r} must be text or a non-empty list of chat messages {{role, content}}"
         )
     messages = []
     for i, m in enumerate(prompt):
@@ -55,65 +89,84 @@ def parse_row(raw: Any, where: str) -> PromptRow:
             or not isinstance(m.get("role"), str)
             or not isinstance(m.get("content"), str)
         ):
-            raise DataError(f"{where}: prompt[{i}] must be an object with string 'role' and 'content'")
+            raise DataError(f"{where}: {key}[{i}] must be an object with string 'role' and 'content'")
         messages.append({"role": m["role"], "content": m["content"]})
+    if system and messages[0]["role"] != "system":
+        messages.insert(0, {"role": "system", "content": system})
+    return tuple(messages)
+
+
+def parse_row(raw: Any, where: str, keys: ColumnKeys = ColumnKeys(), source: str | None = None) -> PromptRow:
+    """Map one dataset row; `where` ("file:line", "file row i") names it in errors. `source` is the
+    data_source of a row without that column (None: the column is required, as in verl's schema)."""
+    if not isinstance(raw, dict):
+        raise DataError(
+            f"{where}: a row must be an object with the columns {keys.prompt!r} and {keys.answer!r}"
+        )
+    messages = _messages(lookup(raw, keys.prompt), where, keys.prompt, keys.system_prompt)
     data_source = raw.get("data_source")
+    if data_source is None:
+        data_source = keys.data_source or source
     if not isinstance(data_source, str) or not data_source:
         raise DataError(f"{where}: missing field 'data_source' (a string such as 'openai/gsm8k')")
-    rm = raw.get("reward_model") or {}
-    if not isinstance(rm, dict):
-        raise DataError(f"{where}: field 'reward_model' must be an object {{style, ground_truth}}")
-    gt = rm.get("ground_truth")
-    if gt is None:
-        raise DataError(f"{where}: missing field 'reward_model.ground_truth'")
-    extra = raw.get("extra_info") or {}
-    if not isinstance(extra, dict):
+    truth = lookup(raw, keys.answer) if keys.answer else None
+    if keys.answer and truth is None:
+        column = keys.answer if keys.answer in raw else keys.answer.split(".")[0]
+        hint = "" if column in raw else f"; set data.answer_key to one of the columns {sorted(raw)} or to ''"
+        raise DataError(f"{where}: missing field {keys.answer!r}{hint}")
+    extra = raw.get("extra_info")
+    if extra is not None and not isinstance(extra, dict):
         raise DataError(f"{where}: field 'extra_info' must be an object")
-    return PromptRow(tuple(messages), data_source, str(gt), dict(extra))
+    top = keys.prompt if keys.prompt in raw else keys.prompt.split(".")[0]
+    columns = {k: v for k, v in raw.items() if k != top}
+    conversational = not isinstance(lookup(raw, keys.prompt), str)
+    return PromptRow(messages, data_source, truth, dict(extra or {}), columns, conversational)
 
 
-def _read_jsonl(path: Path) -> list[tuple[Any, str]]:
-    rows = []
-    with path.open() as f:
-        for i, line in enumerate(f, start=1):
-            if not line.strip():
-                continue
+def rows_from(parts: list[RawRows], keys: ColumnKeys, what: str, skip_bad: bool) -> list[PromptRow]:
+    """PromptRows of the parts of one source. A bad row raises, or with `skip_bad` is left out and counted."""
+    rows: list[PromptRow] = []
+    bad: list[str] = []
+    for part in parts:
+        top = keys.prompt if keys.prompt in part.columns else keys.prompt.split(".")[0]
+        if top not in part.columns:
+            raise DataError(
+                f"{what}: {part.label} has no column {keys.prompt!r} (its columns: "
+                f"{', '.join(part.columns)}); "
+                "set data.prompt_key to the column that holds the prompts"
+            )
+        source = keys.data_source or part.source
+        for i, raw in enumerate(part.rows):
             try:
-                rows.append((json.loads(line), f"{path}:{i}"))
-            except json.JSONDecodeError as e:
-                raise DataError(
-                    f"{path}:{i}: not valid JSON ({e.msg}); each line must be one JSON object"
-                ) from None
+                rows.append(parse_row(raw, part.where(i), keys, source))
+            except DataError as e:
+                if not skip_bad:
+                    raise
+                bad.append(str(e))
+    if bad:
+        total = len(rows) + len(bad)
+        if not rows:
+            raise DataError(f"{what}: all {total} rows of {parts[0].source!r} are bad; the first: {bad[0]}")
+        print(f"lite-verl: skipped {len(bad)} of {total} rows of {parts[0].source!r} (data.skip_bad_rows); "
+              f"the first: {bad[0]}", file=sys.stderr)  # fmt: skip
     return rows
 
 
-def _read_parquet(path: Path) -> list[tuple[Any, str]]:
-    try:
-        import pyarrow.parquet as pq
-    except ImportError:  # pragma: no cover - pyarrow is a core dependency
-        raise DataError(f"{path}: reading parquet needs pyarrow; pip install pyarrow") from None
-    try:
-        table = pq.read_table(path)
-    except Exception as e:  # noqa: BLE001 - pyarrow raises many types for a bad file
-        raise DataError(f"{path}: not a readable parquet file ({type(e).__name__})") from None
-    return [(row, f"{path}:row {i}") for i, row in enumerate(table.to_pylist())]
-
-
-def load_rows(files: tuple[str, ...] | list[str], what: str = "data.train_files") -> list[PromptRow]:
+def load_rows(
+    files: tuple[str, ...] | list[str],
+    what: str = "data.train_files",
+    keys: ColumnKeys = ColumnKeys(),
+    split: str = "train",
+    subset: str = "",
+    skip_bad: bool = False,
+    split_key: str = "data.split",
+) -> list[PromptRow]:
+    """The rows of `split` of every source in `files`, in order (see sources.py for what a source is)."""
     rows: list[PromptRow] = []
     for name in files:
-        path = Path(name).expanduser()
-        if not path.is_file():
-            raise DataError(f"{what}: {name!r} does not exist; give the path of a .jsonl or .parquet file")
-        if path.suffix == ".parquet":
-            raw = _read_parquet(path)
-        elif path.suffix in (".jsonl", ".json"):
-            raw = _read_jsonl(path)
-        else:
-            raise DataError(f"{what}: {name!r} must end in .jsonl or .parquet")
-        if not raw:
-            raise DataError(f"{what}: {name!r} holds no rows")
-        rows.extend(parse_row(r, where) for r, where in raw)
+        parts = load_split(name, split, subset, what, split_key)
+        assert parts is not None  # required splits raise instead
+        rows.extend(rows_from(parts, keys, what, skip_bad))
     return rows
 
 

@@ -1,17 +1,26 @@
 """Import a GGUF file (llama.cpp's format, which many hobbyists hold) as a normal Hugging Face model dir.
 
     lite-verl import-gguf model.Q4_1.gguf OUT_DIR [--dtype bfloat16]
+    model.path: ~/models/model.Q4_1.gguf      # imported on first use into LITE_VERL_CACHE/gguf/, then reused
 
 transformers dequantizes GGUF on load but refuses to `save_pretrained` such a model, so the weights
 are copied into a clean model built from the same config (without its quantization_config).
+transformers' GGUF tokenizer ignores the file's `tokenizer.ggml.add_bos_token` (Gemma's GGUF sets it, and
+Gemma without <bos> degenerates), so the importer carries that flag (and add_eos_token) into the saved
+tokenizer: its post-processor adds the token, and tokenizer_config.json says so.
 """
 
 from __future__ import annotations
 
+import hashlib
 import importlib.util
+import json
+import sys
 from pathlib import Path
 
 from lite_verl.errors import MissingDependency, ModelError
+
+IMPORT_VERSION = 1  # bump when the import below changes, so cached imports are redone
 
 
 def import_gguf(gguf_file: str | Path, out_dir: str | Path, dtype: str = "bfloat16") -> Path:
@@ -34,6 +43,9 @@ def import_gguf(gguf_file: str | Path, out_dir: str | Path, dtype: str = "bfloat
         raise ModelError(
             f"{src}: transformers cannot read this GGUF file ({type(e).__name__}: {e})"
         ) from None
+    flags = special_token_flags(src)
+    for flag, value in flags.items():
+        setattr(tokenizer, flag, value)  # TokenizersBackend: rebuilds the post-processor
     config = AutoConfig.from_pretrained(folder, gguf_file=name)
     if hasattr(config, "quantization_config"):
         del config.quantization_config
@@ -43,4 +55,36 @@ def import_gguf(gguf_file: str | Path, out_dir: str | Path, dtype: str = "bfloat
     with atomic_directory(out) as tmp:
         clean.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
+        if flags:  # for readers that go by tokenizer_config.json (transformers 4.x, vLLM's own checks)
+            tok_config = tmp / "tokenizer_config.json"
+            tok_config.write_text(json.dumps({**json.loads(tok_config.read_text()), **flags}, indent=2))
+    return out
+
+
+def special_token_flags(gguf_file: Path) -> dict[str, bool]:
+    """{add_bos_token, add_eos_token}: the ones the GGUF file's tokenizer metadata sets."""
+    from gguf import GGUFReader
+
+    reader = GGUFReader(gguf_file)
+    flags = {}
+    for flag in ("add_bos_token", "add_eos_token"):
+        field = reader.get_field(f"tokenizer.ggml.{flag}")
+        if field is not None:
+            flags[flag] = bool(field.contents())
+    return flags
+
+
+def imported_gguf(gguf_file: Path, dtype: str) -> Path:
+    """model.path=FILE.gguf: the HF directory imported from it, cached under LITE_VERL_CACHE/gguf/ and keyed by
+    the file's path, size and modification time (and the dtype), so an edited or replaced file is imported
+    again."""
+    from lite_verl.model.tiny import cache_dir
+
+    src = gguf_file.expanduser().resolve()
+    stat = src.stat()
+    ident = json.dumps([str(src), stat.st_size, stat.st_mtime_ns, dtype, IMPORT_VERSION])
+    out = cache_dir() / "gguf" / f"{src.stem}-{hashlib.sha256(ident.encode()).hexdigest()[:12]}"
+    if not (out / "config.json").is_file():
+        print(f"lite-verl: importing {src.name} into {out} (once; later runs reuse it)", file=sys.stderr)
+        import_gguf(src, out, dtype)
     return out

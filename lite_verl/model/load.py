@@ -1,21 +1,31 @@
 """Loading the policy's base model and tokenizer, with errors a user can act on.
 
-`model.path` is any Hugging Face causal-LM directory (loaded with the real `from_pretrained`), or
-`tiny:qwen2` / `tiny:llama` for a random-init model made on the spot (see tiny.py).
+`model.path` is one of (resolve_model_path turns each into a local directory):
+  a Hugging Face causal-LM directory            loaded with the real `from_pretrained`
+  a Hub id, org/name[@revision]                 the cached snapshot, downloaded once if missing (hub.py)
+  a .gguf file                                  imported once into LITE_VERL_CACHE/gguf/ (gguf.py)
+  tiny:qwen2 / tiny:llama                       a random-init model made on the spot (tiny.py)
+
+The controller resolves it once and hands the directory to every process it starts (vLLM, training
+followers, the AWQ quantizer); resolving again (export, resume) finds the same cached directory offline.
 """
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import torch
 
 from lite_verl.config import ModelConfig
 from lite_verl.errors import ModelError
 
+KINDS = "a local Hugging Face model directory, a Hub id (org/name), a .gguf file or tiny:qwen2"
+
 
 def resolve_model_path(cfg: ModelConfig) -> Path:
+    """model.path (with model.revision) -> the local model directory every process loads."""
     if cfg.path.startswith("tiny:"):
         from lite_verl.model.tiny import resolve_tiny
 
@@ -24,18 +34,57 @@ def resolve_model_path(cfg: ModelConfig) -> Path:
             raise ModelError(f"model.path={cfg.path!r}: tiny models are tiny:qwen2 or tiny:llama")
         return resolve_tiny(cfg.path)
     path = Path(cfg.path).expanduser()
-    if not path.is_dir():
-        raise ModelError(
-            f"model.path={cfg.path!r} does not exist; give a local Hugging Face model directory "
-            "(no downloads at run time) or tiny:qwen2"
-        )
+    hub = _hub_id(cfg)
+    if hub is not None:
+        from lite_verl.model.hub import resolve_hub
+
+        path = resolve_hub(*hub)
+    elif cfg.path.lower().endswith(".gguf"):
+        if not path.is_file():
+            raise ModelError(f"model.path={cfg.path!r} does not exist; give the path of a .gguf file")
+        from lite_verl.model.gguf import imported_gguf
+
+        path = imported_gguf(path, cfg.dtype)
+    elif not path.is_dir():
+        raise ModelError(f"model.path={cfg.path!r} does not exist; give {KINDS}")
     config_file = path / "config.json"
     if not config_file.is_file():
+        ggufs = sorted(p.name for p in path.glob("*.gguf"))
+        hint = f"; it holds {ggufs[0]}: set model.path to that file" if ggufs else ""
         raise ModelError(
-            f"model.path={cfg.path!r} has no config.json; it is not a Hugging Face model directory"
+            f"model.path={cfg.path!r} has no config.json; it is not a Hugging Face model directory{hint}"
         )
     check_causal_lm(path)
     return path
+
+
+def _hub_id(cfg: ModelConfig) -> tuple[str, str] | None:
+    """(repo, revision) when model.path names a Hub model; model.revision only goes with one."""
+    from lite_verl.model.hub import parse_hub_id
+
+    hub = parse_hub_id(cfg.path, cfg.revision)
+    if hub is None and cfg.revision:
+        raise ModelError(
+            f"model.revision={cfg.revision!r} is for a Hub id (org/name); model.path={cfg.path!r} is not one: "
+            "drop model.revision"
+        )
+    return hub
+
+
+def model_provenance(cfg: ModelConfig) -> dict[str, Any]:
+    """Where the run's model came from, for RUN/env.json: what model.path resolved to and, for a Hub id, the
+    commit of the snapshot (model.path=org/name@COMMIT reruns exactly that)."""
+    out: dict[str, Any] = {"path": cfg.path}
+    if cfg.path.startswith("tiny:"):
+        return out
+    hub = _hub_id(cfg)
+    path = (
+        resolve_model_path(cfg) if hub or cfg.path.lower().endswith(".gguf") else Path(cfg.path).expanduser()
+    )
+    out["local_dir"] = str(path.absolute())
+    if hub is not None:
+        out.update(repo_id=hub[0], revision=hub[1] or "main", commit=path.name)
+    return out
 
 
 def check_causal_lm(path: Path) -> None:

@@ -4,13 +4,16 @@
     scorer.bill_to(ledger)                 # a reward model's device is billed while it is loaded
     scorer.start_step()                    # each step: release a reward model idle past keep_alive_s
     scores = scorer.score(rows, texts)     # [N] float32; rows[i] is the prompt row of texts[i]
+    scorer.last_parts                      # {name: [N] float32} of that score, one per reward.functions entry
     scorer.close()                         # end of run: stop the worker, release the model
 
 The sources (config validation allows one at most):
-    reward.model     RewardModelScorer  (model.py)   a sequence-classification model, loaded on demand
-    reward.url       RemoteScorer       (remote.py)  POST to an HTTP endpoint, on_error=default falls back
-    reward.function  IsolatedScorer     (worker.py)  the user function in a child process (reward.isolate)
-    otherwise        InProcessScorer    (rules.py)   the user function in process, or the rule rewards
+    reward.model        RewardModelScorer (model.py)     a sequence-classification model, loaded on demand
+    reward.url          RemoteScorer      (remote.py)    POST to an HTTP endpoint, on_error=default falls back
+    reward.function(s)  IsolatedScorer    (worker.py)    user functions in a child process (reward.isolate)
+    otherwise           InProcessScorer   (functions.py) built-ins, rule rewards, user functions in process
+reward.function is one user function, reward.functions several weighted ones, user or built-in; functions.py
+says how each is called (TRL's shape or verl's) and how their values add up.
 
 Every scorer has every method (a no-op where there is nothing to do), so the loop never asks `hasattr`.
 """
@@ -34,6 +37,10 @@ if TYPE_CHECKING:
 class Scorer(Protocol):
     """Scores responses; owns whatever the reward source holds (a worker process, a loaded model)."""
 
+    # each function's own values in the last score() ([N] float32, NaN where it gave None), by its name;
+    # empty unless reward.functions is set. The loop logs them as reward/NAME/mean.
+    last_parts: dict[str, torch.Tensor]
+
     def score(self, rows: Sequence[PromptRow], texts: Sequence[str]) -> torch.Tensor:
         """One reward per response: [N] float32, texts[i] answering rows[i]; a bad score is a RewardError."""
         ...
@@ -55,19 +62,25 @@ def make_scorer(cfg: RewardConfig) -> Scorer:
     """The scorer for the reward section. Loads and checks the source now (the user function is imported
     here even when it will run in a worker; a reward model's config is read), raising UserError before
     the run directory exists. Nothing is started: the worker and the model start on the first score."""
-    from lite_verl.reward.rules import InProcessScorer, load_reward_function
+    from lite_verl.reward.functions import InProcessScorer, load_function, note_fallbacks, specs_of
 
     if cfg.model:
+        from lite_verl.model.hub import parse_hub_id, resolve_hub
         from lite_verl.reward.model import OnDemandRewardModel, RewardModelScorer
 
-        return RewardModelScorer(OnDemandRewardModel(Path(cfg.model), cfg.device, cfg.keep_alive_s))
+        hub = parse_hub_id(cfg.model)  # a Hub id: its cached snapshot, downloaded once if missing
+        path = resolve_hub(*hub, key="reward.model") if hub else Path(cfg.model)
+        return RewardModelScorer(OnDemandRewardModel(path, cfg.device, cfg.keep_alive_s))
     if cfg.url:
         from lite_verl.reward.remote import RemoteScorer
 
         return RemoteScorer(cfg.url, cfg.timeout_s, cfg.retries, cfg.on_error, cfg.default_score)
-    fn = load_reward_function(cfg.function)
-    if cfg.function and cfg.isolate:
+    specs, log_parts = specs_of(cfg)
+    functions = [load_function(s) for s in specs]
+    note_fallbacks(specs)
+    if cfg.isolate and any(not s.builtin for s in specs):
         from lite_verl.reward.worker import IsolatedScorer, RewardWorker
 
-        return IsolatedScorer(RewardWorker(cfg.function, cfg.timeout_s, cfg.on_error, cfg.default_score))
-    return InProcessScorer(fn, cfg.function or "the rule reward")
+        worker = RewardWorker(specs, cfg.timeout_s, cfg.on_error, cfg.default_score)
+        return IsolatedScorer(functions, worker, log_parts)
+    return InProcessScorer(functions, log_parts)

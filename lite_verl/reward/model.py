@@ -111,6 +111,7 @@ class RewardModelScorer:
 
     def __init__(self, reward_model: OnDemandRewardModel) -> None:
         self.reward_model = reward_model
+        self.last_parts: dict[str, torch.Tensor] = {}  # one source, no parts
 
     def score(self, rows: Sequence[PromptRow], texts: Sequence[str]) -> torch.Tensor:
         """[N] float32."""

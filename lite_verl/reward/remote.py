@@ -66,6 +66,7 @@ class RemoteScorer:
     def __init__(self, url: str, timeout_s: float, retries: int, on_error: str, default_score: float) -> None:
         self.url, self.timeout_s, self.retries = url, timeout_s, retries
         self.on_error, self.default_score = on_error, default_score
+        self.last_parts: dict[str, torch.Tensor] = {}  # one source, no parts
 
     def score(self, rows: Sequence[PromptRow], texts: Sequence[str]) -> torch.Tensor:
         """[N] float32; on a failure with on_error=default: a warning and default_score for every item."""

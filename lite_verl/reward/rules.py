@@ -1,10 +1,10 @@
-"""Rewards: rule rewards chosen by `data_source`, or a user function given as `module:function`.
+"""Rule rewards chosen by `data_source`, the import of a user function given as `module:function`, and the
+check every reward value passes.
 
-Every reward function has verl's signature
-    fn(data_source: str, solution_str: str, ground_truth: str, extra_info: dict | None) -> float | dict
-(a dict must hold "score"). The value must be a finite number; anything else is a RewardError that
-names the function, the sample and the fix. `InProcessScorer` calls one in this process (the rule
-rewards, or reward.function with reward.isolate=false); worker.py runs a user function in a child.
+The rule rewards have verl's signature
+    fn(data_source: str, solution_str: str, ground_truth: str, extra_info: dict | None) -> float
+A value must be a finite number; anything else is a RewardError that names the function, the sample
+and the fix. How a user function is called (verl's or TRL's shape) is functions.py's business.
 """
 
 from __future__ import annotations
@@ -12,40 +12,19 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import math
-import re
+import numbers
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from lite_verl.data.schema import PromptRow
 from lite_verl.data.tasks import ARITH_SOURCE, ECHO_LEN, ECHO_SOURCE
 from lite_verl.errors import RewardError
+from lite_verl.reward.builtins import gsm8k_extract, gsm8k_score
 
-if TYPE_CHECKING:  # torch loads lazily: the worker's child process imports this module
-    import torch
-
-    from lite_verl.run.cost import Ledger
+__all__ = ["gsm8k_extract", "gsm8k_score", "default_compute_score", "load_reward_function", "check_value"]
 
 RewardFn = Callable[..., Any]
-
-_GSM8K_ANSWER = re.compile(r"#### (\-?[0-9\.\,]+)")
-
-
-def gsm8k_extract(solution_str: str) -> str | None:
-    """verl's strict GSM8K extraction: the last `#### n` in the (last 300 chars of the) response."""
-    found = _GSM8K_ANSWER.findall(solution_str[-300:])
-    if not found:
-        return None
-    return found[-1].replace(",", "").replace("$", "")
-
-
-def gsm8k_score(solution_str: str, ground_truth: str, format_score: float = 0.0, score: float = 1.0) -> float:
-    """1.0 for the right `#### n`, `format_score` for a wrong one, 0.0 when there is none (as verl)."""
-    answer = gsm8k_extract(solution_str)
-    if answer is None:
-        return 0.0
-    return score if answer == ground_truth.replace(",", "") else format_score
 
 
 def echo_score(solution_str: str, ground_truth: str) -> float:
@@ -66,8 +45,9 @@ def default_compute_score(
     )
 
 
-def load_reward_function(spec: str) -> RewardFn:
-    """`module:function` or `path/to/file.py:function`. Empty spec = the rule rewards."""
+def load_reward_function(spec: str, key: str = "reward.function") -> RewardFn:
+    """`module:function` or `path/to/file.py:function`. Empty spec = the rule rewards. `key` names the
+    config key in the errors."""
     if not spec:
         return default_compute_score
     target, _, name = spec.rpartition(":")
@@ -75,7 +55,7 @@ def load_reward_function(spec: str) -> RewardFn:
         if target.endswith(".py"):
             path = Path(target)
             if not path.is_file():
-                raise RewardError(f"reward.function: file {target!r} does not exist")
+                raise RewardError(f"{key}: file {target!r} does not exist")
             mod_spec = importlib.util.spec_from_file_location(f"lite_verl_user_reward_{path.stem}", path)
             assert mod_spec is not None and mod_spec.loader is not None
             module = importlib.util.module_from_spec(mod_spec)
@@ -86,72 +66,18 @@ def load_reward_function(spec: str) -> RewardFn:
     except RewardError:
         raise
     except Exception as e:  # noqa: BLE001 - any import failure is the user's to fix
-        raise RewardError(f"reward.function: cannot import {target!r} ({type(e).__name__}: {e})") from None
+        raise RewardError(f"{key}: cannot import {target!r} ({type(e).__name__}: {e})") from None
     fn = getattr(module, name, None)
     if not callable(fn):
-        raise RewardError(f"reward.function: {target!r} has no function {name!r}")
+        raise RewardError(f"{key}: {target!r} has no function {name!r}")
     return fn
 
 
-def score_batch(
-    fn: RewardFn,
-    data_sources: Sequence[str],
-    responses: Sequence[str],
-    ground_truths: Sequence[str],
-    extra_infos: Sequence[dict[str, Any]],
-    name: str = "reward",
-) -> list[float]:
-    """One float per response; a raise, None, NaN or non-number is a RewardError naming the sample."""
-    scores = []
-    for i, (src, text, gt, extra) in enumerate(zip(data_sources, responses, ground_truths, extra_infos)):
-        try:
-            value = fn(src, text, gt, extra)
-        except RewardError:
-            raise
-        except Exception as e:  # noqa: BLE001
-            raise RewardError(
-                f"{name} raised {type(e).__name__}: {e} on sample {i} (data_source {src!r})"
-            ) from None
-        if isinstance(value, dict):
-            value = value.get("score")
-        scores.append(check_value(value, i, src, name))
-    return scores
-
-
 def check_value(value: Any, i: int, data_source: str, name: str) -> float:
-    """A reward must be a finite number; anything else is a RewardError naming the sample."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+    """A reward must be a finite number (numpy's too, not a bool); anything else is a RewardError naming
+    the sample."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value):
         raise RewardError(
             f"{name} returned {value!r} on sample {i} (data_source {data_source!r}); it must return a finite float"
         )
     return float(value)
-
-
-class InProcessScorer:
-    """The `Scorer` (base.py) for a reward function called in this process; `name` is used in its errors."""
-
-    def __init__(self, fn: RewardFn, name: str) -> None:
-        self.fn, self.name = fn, name
-
-    def score(self, rows: Sequence[PromptRow], texts: Sequence[str]) -> torch.Tensor:
-        """[N] float32."""
-        import torch
-
-        values = score_batch(
-            self.fn,
-            [r.data_source for r in rows],
-            texts,
-            [r.ground_truth for r in rows],
-            [r.extra_info for r in rows],
-            name=self.name,
-        )
-        return torch.tensor(values, dtype=torch.float32)
-
-    def start_step(self) -> None:
-        pass
-
-    def bill_to(self, ledger: Ledger) -> None:
-        pass  # runs on the controller's CPU, already billed
-
-    def close(self) -> None:
-        pass

@@ -1,11 +1,13 @@
-"""User reward functions run in a child process with a per-call timeout.
+"""User reward functions run in a child process with a time limit per call.
 
 A user function that raises, crashes its process (segfault, os._exit) or hangs must not take the
-trainer with it. The worker evaluates one sample at a time and answers each; the controller waits
-at most `reward.timeout_s` per sample. On a failure, `reward.on_error` decides: `raise` (the default)
-stops the run with one line naming the function, the sample and the fix; `default` scores the sample
-`reward.default_score`, warns, restarts the worker if needed and goes on. `IsolatedScorer` is the
-`Scorer` (base.py) over one RewardWorker.
+trainer with it. The controller prepares each call (functions.calls_of: one per sample for verl-shaped
+functions, one per batch for TRL-shaped ones), the worker makes them in order and answers each; the
+controller waits at most `reward.timeout_s` per sample of a call. On a failure, `reward.on_error` decides:
+`raise` (the default) stops the run with one line naming the function, the sample and the fix; `default`
+gives the failed samples `reward.default_score` from that function, warns, restarts the worker if needed
+and goes on. `IsolatedScorer` is the `Scorer` (base.py) over one RewardWorker running every configured
+function (built-ins too, when a user function is among them).
 """
 
 from __future__ import annotations
@@ -13,11 +15,24 @@ from __future__ import annotations
 import multiprocessing as mp
 import sys
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from lite_verl.data.schema import PromptRow
 from lite_verl.errors import RewardError
-from lite_verl.reward.rules import check_value, load_reward_function
+from lite_verl.reward.functions import (
+    Call,
+    FunctionSpec,
+    RewardFunction,
+    Sample,
+    calls_of,
+    load_function,
+    plain,
+    read_values,
+    samples_of,
+    total_and_parts,
+    where,
+)
 
 if TYPE_CHECKING:  # torch loads lazily: the worker's child process imports this module
     import torch
@@ -25,35 +40,38 @@ if TYPE_CHECKING:  # torch loads lazily: the worker's child process imports this
     from lite_verl.run.cost import Ledger
 
 
-def _serve(spec: str, conn) -> None:  # pragma: no cover - runs in the child process
+def _serve(specs: list[FunctionSpec], conn: Any) -> None:  # pragma: no cover - runs in the child process
     try:
-        _serve_forever(load_reward_function(spec), conn)
+        _serve_forever([load_function(s) for s in specs], conn)
     except (EOFError, OSError, KeyboardInterrupt):
         return  # the controller went away or stopped us: leave quietly
 
 
-def _serve_forever(fn, conn) -> None:  # pragma: no cover - runs in the child process
+def _serve_forever(functions: list[RewardFunction], conn: Any) -> None:  # pragma: no cover - in the child
+    """Requests: (function index, calls), or None to stop. One answer per call: ("ok", value) or
+    ("err", why)."""
     while True:
-        items = conn.recv()
-        if items is None:
+        request = conn.recv()
+        if request is None:
             return
-        for i, (src, text, gt, extra) in enumerate(items):
+        index, calls = request
+        f = functions[index]
+        for call in calls:
             try:
-                value = fn(src, text, gt, extra)
-                if isinstance(value, dict):
-                    value = value.get("score")
-                answer = ("ok", i, value if isinstance(value, (int, float, type(None))) else repr(value))
+                answer = ("ok", plain(f.fn(*call.args, **call.kwargs), f.shape == "trl"))
             except Exception as e:  # noqa: BLE001 - the user's function may raise anything
-                answer = ("err", i, f"{type(e).__name__}: {e}")
+                answer = ("err", f"{type(e).__name__}: {e}")
             conn.send(answer)
 
 
 class RewardWorker:
+    """The child process running the configured functions, restarted after a crash or a time-out."""
+
     def __init__(
-        self, spec: str, timeout_s: float, on_error: str = "raise", default_score: float = 0.0
+        self, specs: list[FunctionSpec], timeout_s: float, on_error: str = "raise", default_score: float = 0.0
     ) -> None:
-        self.spec, self.timeout_s, self.on_error, self.default_score = (
-            spec,
+        self.specs, self.timeout_s, self.on_error, self.default_score = (
+            specs,
             timeout_s,
             on_error,
             default_score,
@@ -65,7 +83,7 @@ class RewardWorker:
 
     def _start(self) -> None:
         parent, child = self._ctx.Pipe()
-        self._proc = self._ctx.Process(target=_serve, args=(self.spec, child), daemon=True)
+        self._proc = self._ctx.Process(target=_serve, args=(self.specs, child), daemon=True)
         self._proc.start()
         child.close()
         self._conn = parent
@@ -85,75 +103,80 @@ class RewardWorker:
                 pass
         self._kill()
 
-    def score(self, items: list[tuple[str, str, str, dict]]) -> list[float]:
-        """items: (data_source, response, ground_truth, extra_info). One float per item."""
-        scores: list[float] = []
-        while len(scores) < len(items):
+    def score(self, index: int, f: RewardFunction, samples: Sequence[Sample]) -> list[float | None]:
+        """One value per sample from function `index` (f, loaded here too); a failed call's samples get
+        the default (on_error=default) or raise."""
+        values: list[float | None] = []
+        pending = calls_of(f, samples)
+        while pending:
             if self._proc is None or not self._proc.is_alive():
                 self._start()
-            start = len(scores)
-            self._conn.send(items[start:])
-            scores.extend(self._collect(items, start))
-        return scores
+            self._conn.send((index, pending))
+            done = self._collect(f, pending, samples, values)
+            pending = pending[done:]
+        return values
 
-    def _collect(self, items: list[tuple[str, str, str, dict]], start: int) -> list[float]:
-        """Answers for items[start:]; stops early (with the failed item scored) when the worker fails."""
-        out: list[float] = []
-        for i in range(start, len(items)):
-            src = items[i][0]
-            if not self._conn.poll(self.timeout_s):
-                why = (
-                    "died"
-                    if not self._proc.is_alive()
-                    else f"did not return within reward.timeout_s={self.timeout_s}s"
-                )
+    def _collect(
+        self, f: RewardFunction, calls: list[Call], samples: Sequence[Sample], out: list[float | None]
+    ) -> int:
+        """Answers of `calls` appended to `out`; -> the number of calls answered (or failed). Stops early,
+        the failed call scored, when the worker dies or hangs."""
+        for done, call in enumerate(calls, start=1):
+            at = where(f, call, samples)
+            if not self._conn.poll(self.timeout_s * call.size):
+                limit = f"reward.timeout_s={self.timeout_s}s" + (" per sample" if f.shape == "trl" else "")
+                why = "died" if not self._proc.is_alive() else f"did not return within {limit}"
                 self._kill()
-                out.append(self._fail(f"{why} on sample {i} (data_source {src!r})"))
-                return out
+                out += self._fail(f, call, f"{why} {at}")
+                return done
             try:
-                kind, _, value = self._conn.recv()
+                kind, value = self._conn.recv()
             except (EOFError, OSError):
                 self._kill()
-                out.append(self._fail(f"crashed its worker process on sample {i} (data_source {src!r})"))
-                return out
+                out += self._fail(f, call, f"crashed its worker process {at}")
+                return done
             if kind == "err":
-                out.append(self._fail(f"raised {value} on sample {i} (data_source {src!r})"))
+                out += self._fail(f, call, f"raised {value} {at}")
                 continue
             try:
-                out.append(check_value(value, i, src, f"reward.function {self.spec}"))
+                out += read_values(f, call, value, samples)
             except RewardError as e:
-                out.append(self._fail(None, error=e))
-        return out
+                out += self._fail(f, call, None, error=e)
+        return len(calls)
 
-    def _fail(self, what: str | None, error: RewardError | None = None) -> float:
+    def _fail(
+        self, f: RewardFunction, call: Call, what: str | None, error: RewardError | None = None
+    ) -> list[float | None]:
         if self.on_error == "raise":
+            self._kill()  # answers it may still send belong to this call: never read them as the next one's
             if error is not None:
                 raise error
-            raise RewardError(
-                f"reward.function {self.spec} {what}; fix the function, raise reward.timeout_s, "
-                "or set reward.on_error=default"
-            )
-        self.failures += 1
-        msg = str(error) if error is not None else f"reward.function {self.spec} {what}"
+            fix = "fix the function, raise reward.timeout_s, or set reward.on_error=default"
+            raise RewardError(f"{f.spec.label} {what}; {fix}")
+        self.failures += call.size
+        msg = str(error) if error is not None else f"{f.spec.label} {what}"
         print(
             f"lite-verl: warning: {msg}; scored {self.default_score} (reward.on_error=default)",
             file=sys.stderr,
         )
-        return self.default_score
+        return [self.default_score] * call.size
 
 
+@dataclass
 class IsolatedScorer:
-    """The `Scorer` for reward.function in a worker process (reward.isolate=true)."""
+    """The `Scorer` for user reward functions in a worker process (reward.isolate=true)."""
 
-    def __init__(self, worker: RewardWorker) -> None:
-        self.worker = worker
+    functions: list[RewardFunction]  # loaded here too: their shapes decide the calls
+    worker: RewardWorker
+    log_parts: bool = False  # reward.functions: keep each function's values for its metric
+    last_parts: dict[str, torch.Tensor] = field(default_factory=dict)
 
     def score(self, rows: Sequence[PromptRow], texts: Sequence[str]) -> torch.Tensor:
         """[N] float32."""
-        import torch
-
-        items = [(r.data_source, t, r.ground_truth, r.extra_info) for r, t in zip(rows, texts)]
-        return torch.tensor(self.worker.score(items), dtype=torch.float32)
+        samples = samples_of(rows, texts)
+        values = [self.worker.score(i, f, samples) for i, f in enumerate(self.functions)]
+        total, self.last_parts = total_and_parts(self.functions, values, self.log_parts)
+        return total
 
     def start_step(self) -> None:
         pass

@@ -1,7 +1,7 @@
 """The run directory: resolved config, environment, metrics, checkpoints, report.
 
     RUN/config.yaml          resolved config; `lite-verl train --config RUN/config.yaml` re-runs it
-    RUN/env.json             package versions, devices, git commit, command line
+    RUN/env.json             package versions, devices, git commit, command line, the model's source
     RUN/metrics.jsonl        one JSON object per step (and per validation)
     RUN/tb/                  TensorBoard events
     RUN/checkpoints/step_N/  adapter, optimizer.pt, state.json (step, data position, RNG states)
@@ -88,7 +88,10 @@ class RunDir:
     def create(self, cfg: Config) -> None:
         self.path.mkdir(parents=True, exist_ok=False)
         self.write_config(cfg)
-        atomic_write_text(self.path / "env.json", json.dumps(environment(), indent=2))
+        from lite_verl.model.load import model_provenance
+
+        env = {**environment(), "model": model_provenance(cfg.model)}  # a Hub id's commit: rerun exactly it
+        atomic_write_text(self.path / "env.json", json.dumps(env, indent=2))
 
     def write_config(self, cfg: Config) -> None:
         header = "# Resolved lite-verl config. Re-run: lite-verl train --config <this file>\n"

@@ -36,11 +36,17 @@ def _prompts(
 def quantize_command(
     model_dir: str, out_dir: str, calib: str | None, group_size: int, max_prompts: int
 ) -> Path:
+    from lite_verl.model.hub import parse_hub_id
     from lite_verl.model.load import check_causal_lm
     from lite_verl.quant.awq import AWQSettings, quantize_model, require_autoawq
 
     require_autoawq()
     src = Path(model_dir)
+    if model_dir.lower().endswith(".gguf") or parse_hub_id(model_dir):
+        from lite_verl.config import ModelConfig
+        from lite_verl.model.load import resolve_model_path
+
+        src = resolve_model_path(ModelConfig(path=model_dir))  # a Hub id's snapshot, a GGUF file's import
     if not (src / "config.json").is_file():
         raise UserError(f"{src} is not a model directory (no config.json); give a Hugging Face model dir")
     check_causal_lm(src)

@@ -146,11 +146,17 @@ def write_parquet(rows: list[PromptRow], split: str, path: Path) -> None:
 
 
 def model_source(cfg: Config) -> str | Path:
-    """A model directory path for verl, or (a Path) a tiny:* model to copy into the export."""
-    if cfg.model.path.startswith("tiny:"):
-        from lite_verl.model.load import resolve_model_path
+    """A model directory path (or Hub id) for verl, or (a Path) a tiny:* model to copy into the export."""
+    from lite_verl.model.hub import parse_hub_id
+    from lite_verl.model.load import resolve_model_path
 
+    if cfg.model.path.startswith("tiny:"):
         return resolve_model_path(cfg.model)
+    hub = parse_hub_id(cfg.model.path, cfg.model.revision)
+    if hub is not None and not hub[1]:
+        return hub[0]  # verl's workers fetch a Hub id themselves
+    if hub is not None or cfg.model.path.lower().endswith(".gguf"):
+        return str(resolve_model_path(cfg.model))  # a pinned revision's snapshot; a GGUF file's import
     return str(Path(cfg.model.path).expanduser().absolute())
 
 

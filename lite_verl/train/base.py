@@ -39,6 +39,12 @@ LinearGroup = list[tuple[str, torch.Tensor, torch.Tensor | None]]  # [(HF module
 Bucket = list[tuple[str, torch.Tensor]]  # [(HF parameter name, tensor)]
 
 
+def set_group_lr(optimizer: torch.optim.Optimizer, lr: float) -> None:
+    """Every parameter group of `optimizer` at learning rate `lr`."""
+    for group in optimizer.param_groups:
+        group["lr"] = lr
+
+
 @runtime_checkable
 class TrainBackend(Protocol):
     """A policy being trained (and, for PPO, its critic), as the loop and the update use it."""
@@ -99,6 +105,11 @@ class TrainBackend(Protocol):
 
     def zero_grad(self) -> None:
         """Drop the policy's accumulated gradients (also after an out-of-memory retry)."""
+        ...
+
+    def set_lr(self, lr: float) -> None:
+        """The policy optimizer's learning rate from the next step on (train.lr_scheduler; the critic's
+        rate, critic.lr, stays constant)."""
         ...
 
     def train_mode(self, on: bool = True) -> None:

@@ -41,7 +41,7 @@ import torch
 from lite_verl.batch import position_ids
 from lite_verl.config import Config, CriticConfig, TrainConfig
 from lite_verl.errors import ConfigError
-from lite_verl.train.base import Bucket, Convert, LinearGroup, Transform
+from lite_verl.train.base import Bucket, Convert, LinearGroup, Transform, set_group_lr
 from lite_verl.train.head import response_log_probs
 
 WEIGHTS = "model.safetensors"  # full weights in a checkpoint: RUN/checkpoints/step_N/model/
@@ -62,6 +62,11 @@ class Sharding(Protocol):
         ...
 
     def zero_grad(self) -> None: ...
+
+    @property
+    def optimizer(self) -> torch.optim.Optimizer:
+        """The optimizer stepping the trained weights (its param_groups carry the learning rate)."""
+        ...
 
     def settle(self, module: torch.nn.Module | None = None) -> None:
         """Every weight of `module` (the trained model by default) back in its resting (sharded) state:
@@ -204,6 +209,9 @@ class FullBackend:
     # --- update --------------------------------------------------------------------------------
     def zero_grad(self) -> None:
         self.sharding.zero_grad()
+
+    def set_lr(self, lr: float) -> None:
+        set_group_lr(self.sharding.optimizer, lr)
 
     def backward(self, loss: torch.Tensor) -> None:
         self.sharding.backward(loss * self.world if self.world > 1 else loss)

@@ -263,6 +263,9 @@ class GroupBackend:
     def zero_grad(self) -> None:
         self.local.zero_grad()
 
+    def set_lr(self, lr: float) -> None:
+        self.local.set_lr(lr)  # followers set theirs in their own update.run_update, from the same step
+
     def train_mode(self, on: bool = True) -> None:
         self.local.train_mode(on)
 

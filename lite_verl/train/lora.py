@@ -25,7 +25,7 @@ from lite_verl.batch import position_ids
 from lite_verl.config import Config, CriticConfig, TrainConfig
 from lite_verl.errors import ConfigError
 from lite_verl.tensorfile import FlatFileWriter
-from lite_verl.train.base import Bucket, Convert, LinearGroup, Transform
+from lite_verl.train.base import Bucket, Convert, LinearGroup, Transform, set_group_lr
 from lite_verl.train.dist import sum_gradients
 from lite_verl.train.head import response_log_probs
 
@@ -194,6 +194,9 @@ class LoraBackend:
     # --- update --------------------------------------------------------------------------------
     def zero_grad(self) -> None:
         self.optimizer.zero_grad(set_to_none=True)
+
+    def set_lr(self, lr: float) -> None:
+        set_group_lr(self.optimizer, lr)
 
     def backward(self, loss: torch.Tensor) -> None:
         loss.backward()

@@ -97,6 +97,7 @@ class ZeroSharding:
         )
         self.model = self.engine.module
         self.forward_module = self.engine  # its forward keeps DeepSpeed's micro-step bookkeeping
+        self.optimizer = self.engine.optimizer  # DeepSpeed's wrapper; its param_groups are the optimizer's
         self.model_dir = model_dir
         self.rank = dist.get_rank()
 

@@ -1,0 +1,77 @@
+"""`lite-verl eval`: the pass@k estimator by hand, the per-source summary, and the command on a run."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+from conftest import SMALL
+
+from lite_verl.tools.evaluate import SourceScores, pass_at_k
+
+
+@pytest.mark.parametrize(
+    ("n", "c", "k", "expected"),
+    [
+        (4, 0, 1, 0.0),
+        (4, 4, 2, 1.0),
+        (4, 1, 1, 0.25),  # one draw: c / n
+        (4, 1, 2, 0.5),  # 1 - C(3,2)/C(4,2) = 1 - 3/6
+        (5, 2, 3, 0.9),  # 1 - C(3,3)/C(5,3) = 1 - 1/10
+        (3, 2, 2, 1.0),  # n - c < k: every draw of 2 holds a correct one
+    ],
+)
+def test_pass_at_k_by_hand(n, c, k, expected):
+    assert pass_at_k(n, c, k) == pytest.approx(expected)
+
+
+def test_pass_at_k_refuses_impossible_counts():
+    with pytest.raises(ValueError, match="0 < k <= n"):
+        pass_at_k(2, 1, 3)
+
+
+def test_source_summary_of_fixed_samples():
+    """Two prompts, k = 2: rewards worked out by hand."""
+    part = SourceScores(greedy=[1.0, 0.0], sampled=[[1.0, 0.0], [0.0, 0.5]])
+    out = part.summary(k=2, correct=1.0)
+    assert out["prompts"] == 2
+    assert out["greedy"] == 0.5
+    assert out["mean@2"] == pytest.approx(1.5 / 4)
+    assert out["pass@2"] == pytest.approx((1.0 + 0.0) / 2)  # 0.5 is below --correct
+    assert SourceScores(greedy=[0.5], sampled=[[0.5, 0.5]]).summary(2, correct=0.5)["pass@2"] == 1.0
+
+
+@pytest.mark.slow
+def test_eval_command_scores_a_runs_last_checkpoint(tmp_path):
+    run = tmp_path / "run"
+    base = [sys.executable, "-m", "lite_verl"]
+    sets = [a for s in [*SMALL, "trainer.total_steps=2", "data.val_size=6"] for a in ("--set", s)]
+    subprocess.run([*base, "train", "--preset", "laptop", "--run-dir", str(run), *sets], check=True)
+    out = tmp_path / "eval.json"
+    done = subprocess.run(
+        [*base, "eval", str(run), "--k", "3", "--out", str(out)], capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stderr
+    result = json.loads(out.read_text())
+    assert result["checkpoint"].endswith("step_00000002") and result["k"] == 3
+    scores = result["scores"]
+    assert set(scores) == {"all", "lite_verl/echo"}
+    assert scores["all"]["prompts"] == 6
+    for key in ("greedy", "mean@3", "pass@3"):
+        assert 0.0 <= scores["all"][key] <= 1.0
+    assert scores["all"]["pass@3"] >= scores["all"]["mean@3"] - 1e-9 or scores["all"]["mean@3"] < 1.0
+    assert "data_source" in done.stdout and "pass@3" in done.stdout
+
+
+def test_eval_of_a_run_without_checkpoint_is_one_line(tmp_path):
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "config.yaml").write_text("preset: laptop\n")
+    done = subprocess.run(
+        [sys.executable, "-m", "lite_verl", "eval", str(run)], capture_output=True, text=True
+    )
+    assert done.returncode != 0
+    assert "holds no complete checkpoint" in done.stderr
+    assert "Traceback" not in done.stderr
