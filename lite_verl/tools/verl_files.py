@@ -26,8 +26,8 @@ from typing import Any
 import yaml
 
 from lite_verl.config import Config, to_dict
-from lite_verl.data.schema import PromptRow, load_rows
-from lite_verl.data.tasks import ARITH_SOURCE, ECHO_SOURCE, task_rows
+from lite_verl.data.schema import PromptRow
+from lite_verl.data.tasks import ARITH_SOURCE, ECHO_SOURCE
 from lite_verl.errors import DataError, UserError
 from lite_verl.tools.verl_export import (
     VERL_RULE_SOURCES,
@@ -108,15 +108,12 @@ def export_verl(cfg: Config, name: str, out: Path, layout: Layout, force: bool =
 
 
 def prompt_rows(cfg: Config) -> tuple[list[PromptRow], list[PromptRow], bool]:
-    """(train, val, has_val): the rows `lite-verl train` would load, before tokenization."""
-    d, seed = cfg.data, cfg.trainer.seed
-    if d.train_files:
-        train = load_rows(d.train_files, "data.train_files")
-        val = load_rows(d.val_files, "data.val_files")[: d.val_size] if d.val_files else []
-    else:
-        train = task_rows(d.task, d.task_size, seed, "train")
-        val = task_rows(d.task, d.val_size, seed, "val")
-    if d.val_size and val:
+    """(train, val, has_val): the rows `lite-verl train` would load (sources, splits and column mapping
+    included), before tokenization."""
+    from lite_verl.data.loader import prompt_rows as training_rows
+
+    train, val = training_rows(cfg.data, cfg.trainer.seed)
+    if cfg.data.val_size and val:
         return train, val, True
     return train, train[:VAL_FALLBACK], False
 
