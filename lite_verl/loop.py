@@ -63,6 +63,13 @@ class Session:
     group: TrainGroup | None = None  # several training ranks (train.gpus / train.cpu_ranks)
     prefetched: list[int] | None = None  # rollout.max_staleness=1: prompt rows of the rollout in flight
 
+    def close(self) -> None:
+        """Stop what the session started: the engine, the reward worker or model, the follower ranks."""
+        self.engine.close()
+        self.scorer.close()  # stops the reward worker, releases a loaded reward model
+        if self.group is not None:
+            self.group.close()
+
 
 def prepare(cfg: Config) -> Session:
     """Load model, tokenizer, data and reward function; raises UserError before anything is written.
@@ -109,15 +116,22 @@ def score(
     return session.scorer.score(rows, texts)
 
 
+def score_prompts(
+    session: Session, prompts: PromptSet, sampling: SamplingSettings, seed: int
+) -> torch.Tensor:
+    """Generate sampling.n responses to every prompt of `prompts` and score them: [len(prompts) * n]."""
+    rollout = session.engine.generate(prompts.token_ids, sampling, seed)
+    texts = rollout.response_texts(session.tokenizer)
+    return score(session, list(range(len(prompts))), prompts, texts, sampling.n)
+
+
 def validate(session: Session, step: int) -> dict[str, float]:
     """Greedy, one response per held-out prompt; the mean score."""
     val = session.val_set
     if not len(val):
         return {}
     sampling = SamplingSettings(n=1, temperature=0.0, max_new_tokens=session.cfg.rollout.max_new_tokens)
-    rollout = session.engine.generate(val.token_ids, sampling, seed=step_seed(session.cfg.trainer.seed, -1))
-    texts = rollout.response_texts(session.tokenizer)
-    scores = score(session, list(range(len(val))), val, texts, 1)
+    scores = score_prompts(session, val, sampling, step_seed(session.cfg.trainer.seed, -1))
     return {"val/reward_mean": float(scores.mean())}
 
 
@@ -260,6 +274,7 @@ def _rollout_metrics(
 
 def _resume(session: Session, run: RunDir, ledger: Ledger) -> tuple[int, int]:
     """Load the latest checkpoint: -> (next step, prompts consumed)."""
+    run.remove_stale_saves()
     ckpt = run.latest_checkpoint()
     if ckpt is None:
         raise UserError(f"--resume {run.path}: it holds no complete checkpoint; start a new run instead")
@@ -291,10 +306,7 @@ def run_training(session: Session, run: RunDir, resume: bool = False) -> dict[st
     finally:
         progress.close()
         log.close()
-        session.engine.close()
-        session.scorer.close()  # stops the reward worker, releases a loaded reward model
-        if session.group is not None:
-            session.group.close()
+        session.close()
     return _finish(session, run, ledger)
 
 

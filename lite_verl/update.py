@@ -202,9 +202,6 @@ def make_experience(
     return exp, metrics
 
 
-Optional = torch.Tensor | None
-
-
 def _no_grad_forwards(
     backend: TrainBackend,
     rollout: RolloutBatch,
@@ -212,7 +209,7 @@ def _no_grad_forwards(
     micro: MicroBatchSize,
     temperature: float,
     ranks: Ranks,
-) -> tuple[Optional, Optional, Optional]:
+) -> tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor | None]:
     """-> (old log-probs, reference log-probs, values), each [N, R] or None when nothing needs it.
 
     Old log-probs are recomputed by the trainer unless the update is a single on-policy step with

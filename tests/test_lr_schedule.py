@@ -24,6 +24,15 @@ def test_cosine_with_warmup_and_floor_by_hand(step, expected):
     assert lr_at(step, 1e-3, 12, "cosine", warmup_steps=4, min_lr_ratio=0.1) == pytest.approx(expected)
 
 
+def test_the_config_offers_the_schedules_lr_at_computes():
+    import typing
+
+    from lite_verl.algos import LR_SCHEDULES
+    from lite_verl.config.schema import LrScheduler
+
+    assert typing.get_args(LrScheduler) == LR_SCHEDULES
+
+
 def test_constant_without_warmup_is_train_lr_at_every_step():
     assert {lr_at(s, 3e-3, 100, "constant") for s in range(1, 101)} == {3e-3}
 
@@ -60,5 +69,4 @@ def test_the_update_sets_the_step_rate_on_the_optimizer(tiny_dir):
             assert metrics["train/lr"] == pytest.approx(expected)
             assert session.backend.optimizer.param_groups[0]["lr"] == pytest.approx(expected)  # type: ignore[attr-defined]
     finally:
-        session.engine.close()
-        session.scorer.close()
+        session.close()

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import functools
 import typing
 from collections.abc import Sequence
 from typing import Any, Literal
@@ -18,6 +19,7 @@ from lite_verl.config.schema import Config
 from lite_verl.errors import ConfigError
 
 
+@functools.cache  # the schema is fixed: evaluate its annotations once, not at every --set and check
 def _hints(cls: type) -> dict[str, Any]:
     return typing.get_type_hints(cls)
 

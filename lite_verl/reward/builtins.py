@@ -22,6 +22,7 @@ as chat messages) and imports nothing from lite-verl but errors: config validati
 
 from __future__ import annotations
 
+import functools
 import math
 import re
 import threading
@@ -115,6 +116,7 @@ def boxed_string_score(text: str, ground_truth: Any) -> float:
     return float(normalize_answer(answer) == normalize_answer(gold))
 
 
+@functools.cache  # a failed import searches sys.path again each time
 def math_verify_available() -> bool:
     try:
         import math_verify  # noqa: F401
@@ -245,6 +247,14 @@ MAKERS: dict[str, Callable[[Mapping[str, str]], BatchFn]] = {
 
 def check_args(name: str, args: Mapping[str, str]) -> None:
     """Raises RewardError for an unknown built-in, an unknown setting or a bad value."""
+    if name in MAKERS:
+        make_builtin(name, args)  # building it checks the values
+    else:
+        _check_names(name, args)
+
+
+def _check_names(name: str, args: Mapping[str, str]) -> None:
+    """An unknown built-in or an unknown setting of one is a RewardError (values are checked when built)."""
     if name not in ARGS:
         raise RewardError(f"no built-in reward {name!r} (built-ins: {', '.join(ARGS)})")
     unknown = [k for k in args if k not in ARGS[name]]
@@ -253,11 +263,9 @@ def check_args(name: str, args: Mapping[str, str]) -> None:
         raise RewardError(
             f"built-in reward {name!r} has no setting args.{unknown[0]} (its settings: {known})"
         )
-    if name in MAKERS:
-        MAKERS[name](args)
 
 
 def make_builtin(name: str, args: Mapping[str, str]) -> BatchFn:
     """The built-in `name` (not `rule`) with its settings; raises RewardError for bad ones."""
-    check_args(name, args)
+    _check_names(name, args)
     return MAKERS[name](args)

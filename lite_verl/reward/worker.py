@@ -79,7 +79,6 @@ class RewardWorker:
         self._ctx = mp.get_context("spawn")
         self._proc: Any = None
         self._conn: Any = None
-        self.failures = 0  # samples scored with the default after a failure
 
     def _start(self) -> None:
         parent, child = self._ctx.Pipe()
@@ -122,21 +121,20 @@ class RewardWorker:
         """Answers of `calls` appended to `out`; -> the number of calls answered (or failed). Stops early,
         the failed call scored, when the worker dies or hangs."""
         for done, call in enumerate(calls, start=1):
-            at = where(f, call, samples)
             if not self._conn.poll(self.timeout_s * call.size):
                 limit = f"reward.timeout_s={self.timeout_s}s" + (" per sample" if f.shape == "trl" else "")
                 why = "died" if not self._proc.is_alive() else f"did not return within {limit}"
                 self._kill()
-                out += self._fail(f, call, f"{why} {at}")
+                out += self._fail(f, call, f"{why} {where(f, call, samples)}")
                 return done
             try:
                 kind, value = self._conn.recv()
             except (EOFError, OSError):
                 self._kill()
-                out += self._fail(f, call, f"crashed its worker process {at}")
+                out += self._fail(f, call, f"crashed its worker process {where(f, call, samples)}")
                 return done
             if kind == "err":
-                out += self._fail(f, call, f"raised {value} {at}")
+                out += self._fail(f, call, f"raised {value} {where(f, call, samples)}")
                 continue
             try:
                 out += read_values(f, call, value, samples)
@@ -153,7 +151,6 @@ class RewardWorker:
                 raise error
             fix = "fix the function, raise reward.timeout_s, or set reward.on_error=default"
             raise RewardError(f"{f.spec.label} {what}; {fix}")
-        self.failures += call.size
         msg = str(error) if error is not None else f"{f.spec.label} {what}"
         print(
             f"lite-verl: warning: {msg}; scored {self.default_score} (reward.on_error=default)",

@@ -47,14 +47,11 @@ def build_engine(
 
 def _hf_engine(cfg: Config, tokenizer: Any, backend: TrainBackend, group: TrainGroup | None) -> RolloutEngine:
     """transformers generate with the trained model; over a sharded trainer every rank generates."""
-    from lite_verl.device import role_device
     from lite_verl.rollout.hf import HFRolloutEngine
 
     # a sharded model's every forward gathers weights from all ranks: they all generate, in lockstep
     lockstep = group if group is not None and backend.sharded else None
-    engine = HFRolloutEngine(
-        backend.model, tokenizer, role_device(cfg.train.gpus), synced=lockstep is not None
-    )
+    engine = HFRolloutEngine(backend.model, tokenizer, backend.device, synced=lockstep is not None)
     if lockstep is None:
         return engine
     from lite_verl.rollout.lockstep import LockstepEngine

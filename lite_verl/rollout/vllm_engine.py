@@ -74,7 +74,9 @@ class VLLMRolloutEngine:
         self.rollout, self.sync, self.tokenizer, self.backend = rollout, sync, tokenizer, backend
         self.mode = sync.mode
         self.same_gpus = same_gpus
-        self.colocated = same_gpus and rollout.colocate  # the hybrid engine: vLLM sleeps during updates
+        self.sleep_mode = (
+            options.sleep_mode
+        )  # the hybrid engine (colocated, CUDA): vLLM sleeps during updates
         self.serving_dtype = options.dtype
         # the "awq" kernel (not awq_marlin): merged sync copies re-quantized tensors into place
         self.awq_copy = options.quantization == "awq"
@@ -197,7 +199,7 @@ class VLLMRolloutEngine:
 
     def sleep(self) -> None:
         """Colocated on CUDA: free vLLM's KV cache while the trainer runs."""
-        if self.colocated and torch.cuda.is_available() and not self.sleeping and self._pending is None:
+        if self.sleep_mode and not self.sleeping and self._pending is None:
             self._call("sleep", level=self.rollout.sleep_level)
             self.sleeping = True
 

@@ -99,13 +99,17 @@ class RunDir:
 
     # --- checkpoints -----------------------------------------------------------------------------
     def latest_checkpoint(self) -> Path | None:
-        """The newest complete checkpoint; temp dirs of an interrupted save (.step_*) are removed."""
+        """The newest complete checkpoint. Only reads: `eval`, `export` and `report` may look at a run
+        that is still saving (its temp dir .step_* is not a checkpoint)."""
         if not self.checkpoints.is_dir():
             return None
-        for stale in self.checkpoints.glob(".step_*"):
-            shutil.rmtree(stale, ignore_errors=True)
         done = sorted(p for p in self.checkpoints.glob("step_*") if (p / "state.json").is_file())
         return done[-1] if done else None
+
+    def remove_stale_saves(self) -> None:
+        """Temp dirs of a save that was interrupted (.step_*): called by the process that owns the run."""
+        for stale in self.checkpoints.glob(".step_*"):
+            shutil.rmtree(stale, ignore_errors=True)
 
     def save_checkpoint(self, step: int, backend, state: dict[str, Any], keep: int) -> Path:
         """Write into a temp dir, fsync, rename to step_N; then drop all but the last `keep`."""

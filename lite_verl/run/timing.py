@@ -18,17 +18,19 @@ from contextlib import contextmanager
 
 import torch
 
+from lite_verl.device import synchronize
+
 
 class PhaseTimer:
     def __init__(self, device: torch.device | None = None) -> None:
-        self.device = device if device is not None and device.type == "cuda" else None
+        self.device = device
         self.metrics: dict[str, float] = {}
         self.spans: dict[str, tuple[float, float]] = {}  # phase -> (start, end) wall clock of its last run
 
     def now(self) -> float:
         """perf_counter() after the GPU finished what was queued."""
         if self.device is not None:
-            torch.cuda.synchronize(self.device)
+            synchronize(self.device)  # a no-op off CUDA
         return time.perf_counter()
 
     @contextmanager

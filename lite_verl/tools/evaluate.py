@@ -66,7 +66,7 @@ def _mean(xs: list[float]) -> float:
 
 def evaluate(session: Session, k: int, correct: float) -> dict[str, dict[str, float]]:
     """Scores of the session's validation prompts, per data source and over all ('all')."""
-    from lite_verl.loop import score, step_seed
+    from lite_verl.loop import score_prompts, step_seed
     from lite_verl.rollout.base import SamplingSettings
 
     cfg, val = session.cfg, session.val_set
@@ -75,22 +75,9 @@ def evaluate(session: Session, k: int, correct: float) -> dict[str, dict[str, fl
     r = cfg.rollout
     greedy = SamplingSettings(n=1, temperature=0.0, max_new_tokens=r.max_new_tokens)
     sampled = SamplingSettings(n=k, temperature=r.temperature, top_p=r.top_p, max_new_tokens=r.max_new_tokens)
-    rows = list(range(len(val)))
     seed = step_seed(cfg.trainer.seed, -2)
-    g = score(
-        session,
-        rows,
-        val,
-        session.engine.generate(val.token_ids, greedy, seed).response_texts(session.tokenizer),
-        1,
-    )
-    s = score(
-        session,
-        rows,
-        val,
-        session.engine.generate(val.token_ids, sampled, seed).response_texts(session.tokenizer),
-        k,
-    )
+    g = score_prompts(session, val, greedy, seed)
+    s = score_prompts(session, val, sampled, seed)
     by_source: dict[str, SourceScores] = defaultdict(SourceScores)
     for i, row in enumerate(val.rows):
         for name in (row.data_source, "all"):
@@ -137,10 +124,7 @@ def run_eval(target: str, preset: str | None, config_file: str | None, sets: lis
             session.engine.sync_weights(int(json.loads((ckpt / "state.json").read_text())["step"]))
         scores = evaluate(session, k, correct)
     finally:
-        session.engine.close()
-        session.scorer.close()
-        if session.group is not None:
-            session.group.close()
+        session.close()
     result = {"target": target, "checkpoint": str(ckpt or ""), "k": k, "correct": correct, "scores": scores}
     print(format_table(scores, k))
     if out is not None:

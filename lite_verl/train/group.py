@@ -68,12 +68,6 @@ class TrainRankFailed(UserError):
     exit_code = 1
 
 
-def sharded(cfg: Config) -> bool:
-    """Whether cfg trains a sharded backend (full fine-tuning): its `TrainBackend.sharded`, known before
-    building it."""
-    return cfg.train.full_finetune
-
-
 # --- the controller ----------------------------------------------------------------------------------
 class TrainGroup:
     """The controller's handle on its followers: start them, send commands, notice failures, stop."""
