@@ -242,6 +242,10 @@ def test_copy_awq_in_place_matches_a_freshly_loaded_vllm_layer(monkeypatch):
 
     if not (current_platform.is_cpu() or current_platform.is_cuda()):
         pytest.skip("vLLM's AWQ method needs a CPU or CUDA build of vLLM")
+    from lite_verl.rollout.vllm_compat import cpu_awq_missing
+
+    if current_platform.is_cpu() and cpu_awq_missing():
+        pytest.skip(cpu_awq_missing())
     monkeypatch.setattr(vllm_parameter, "get_tensor_model_parallel_rank", lambda: 0)
     monkeypatch.setattr(vllm_parameter, "get_tensor_model_parallel_world_size", lambda: 1)
     device = "cuda" if current_platform.is_cuda() else "cpu"

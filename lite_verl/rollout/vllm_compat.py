@@ -336,3 +336,15 @@ def _check_layout(name: str, served: Any, tensor: Any) -> None:
             f"tensor is {tuple(tensor.shape)} {tensor.dtype}; this vLLM's AWQ layout cannot be reloaded in place: "
             "use sync.mode=adapter or rollout.quantization=none"
         )
+
+
+def cpu_awq_missing() -> str | None:
+    """Why this machine's vLLM CPU build cannot serve AWQ, or None when it can. On x86, vLLM loads its
+    AVX2 kernels on CPUs without AVX-512, and that build has no `cpu_gemm_wna16` (the 4-bit matmul)."""
+    import platform
+
+    import torch
+
+    if platform.machine().lower() not in ("x86_64", "amd64") or torch.cpu._is_avx512_supported():
+        return None
+    return "vLLM's CPU AWQ kernel (cpu_gemm_wna16) needs AVX-512 and this CPU has AVX2 only"

@@ -30,6 +30,7 @@ def worker_options(cfg: Config, model_path: Path, colocated: bool) -> WorkerOpti
     awq_copy = False
     if r.quantization == "awq":
         awq_copy = _awq_copy(cfg.sync.mode, r.gpus)
+        _check_cpu_awq(r.gpus)
         dtype = "float16" if r.gpus else "bfloat16"  # AWQ kernels: fp16 (GPU), bf16 (CPU)
     return WorkerOptions(
         model=str(model_path),
@@ -61,6 +62,19 @@ def _awq_copy(mode: str, gpus: tuple[int, ...]) -> bool:
             f"rollout.gpus=[one id], or a newer vLLM"
         )
     return awq_copy
+
+
+def _check_cpu_awq(gpus: tuple[int, ...]) -> None:
+    """Refuse AWQ on a CPU whose vLLM build lacks the kernel before the worker starts (else its first
+    generate fails deep inside vLLM)."""
+    from lite_verl.rollout.vllm_compat import cpu_awq_missing
+
+    why = None if gpus else cpu_awq_missing()
+    if why:
+        raise UserError(
+            f"rollout.quantization=awq with rollout.gpus=[]: {why}; set rollout.quantization=none, "
+            f"or give the rollout a GPU (rollout.gpus=[0])"
+        )
 
 
 def _worker_env(rollout: RolloutConfig) -> dict[str, str]:
