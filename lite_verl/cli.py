@@ -1,7 +1,9 @@
 """The `lite-verl` command.
 
     lite-verl train --preset laptop                       # GRPO on the CPU, tiny model, built-in task
+    lite-verl train --preset 4090x1 --recipe gsm8k --set model.path=Qwen/Qwen2.5-1.5B-Instruct
     lite-verl train --preset 4090x1 --config my.yaml --set trainer.total_steps=200
+    lite-verl recipes                                     # what can be trained, with launch lines
     lite-verl train --preset auto --set model.path=DIR    # detect the GPUs, pick what fits, say why
     lite-verl train --resume runs/20261202-120000-laptop  # continue from the last checkpoint
     lite-verl validate --preset 4090x4                    # print the resolved config, or what is wrong
@@ -31,7 +33,10 @@ if TYPE_CHECKING:
     from lite_verl.tools.auto import Gpu
     from lite_verl.tools.plan import Shape
 
-EPILOG = "Docs: README.md. Config keys: `lite-verl validate --keys`. Presets: `lite-verl presets`."
+EPILOG = (
+    "Docs: README.md. Config keys: `lite-verl validate --keys`. Presets (where): `lite-verl presets`. "
+    "Recipes (what): `lite-verl recipes`."
+)
 
 
 def _add_config_args(p: argparse.ArgumentParser, config_file: bool = True) -> None:
@@ -39,6 +44,11 @@ def _add_config_args(p: argparse.ArgumentParser, config_file: bool = True) -> No
         "--preset",
         help="hardware preset: a name in presets/ (e.g. laptop, 4090x1), a YAML path, or auto "
         "(detect this machine's GPUs and pick what fits)",
+    )
+    p.add_argument(
+        "--recipe",
+        help="what to train: a name in recipes/ (data, rewards, hyper-parameters; `lite-verl recipes`) or a "
+        "YAML path; layered under the preset",
     )
     if config_file:
         p.add_argument("--config", help="your YAML config; layered over the preset")
@@ -93,7 +103,8 @@ def _add_config_commands(sub) -> None:
         "--no-env-check", action="store_true", help="skip the checks of this machine (GPUs, packages)"
     )
 
-    sub.add_parser("presets", help="list the hardware presets")
+    sub.add_parser("presets", help="list the hardware presets (where a run goes)")
+    sub.add_parser("recipes", help="list the recipes (what a run trains), with their launch lines")
 
     p = sub.add_parser(
         "plan",
@@ -279,7 +290,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     cfg, gpus = _load(args)
     check_environment(cfg)
     _check_plan(cfg, gpus)
-    path = Path(args.run_dir) if args.run_dir else default_run_dir(cfg.preset)
+    path = Path(args.run_dir) if args.run_dir else default_run_dir(cfg.preset, cfg.recipe)
     if path.exists() and any(path.iterdir()):
         raise UserError(
             f"--run-dir {path} already exists and is not empty; pick another or use --resume {path}"
@@ -324,10 +335,10 @@ def _load(
     from lite_verl.config.presets import AUTO
 
     if args.preset != AUTO:
-        return load_config(args.preset, args.config, args.sets), None
+        return load_config(args.preset, args.config, args.sets, recipe=args.recipe), None
     from lite_verl.tools.auto import choose, detect
 
-    choice = choose(detect(), args.config, args.sets, shape)
+    choice = choose(detect(), args.config, args.sets, shape, args.recipe)
     for line in choice.lines:
         print(line, file=out or sys.stdout)
     return choice.cfg, list(choice.gpus)
@@ -378,20 +389,29 @@ def cmd_validate(args: argparse.Namespace) -> int:
     print(yaml.safe_dump(to_dict(cfg), sort_keys=False), end="")
     if not args.no_env_check:
         check_environment(cfg)
-    print(f"# config OK (preset {cfg.preset})", file=sys.stderr)
+    recipe = f", recipe {cfg.recipe}" if cfg.recipe else ""
+    print(f"# config OK (preset {cfg.preset}{recipe})", file=sys.stderr)
     return 0
 
 
 def cmd_presets(args: argparse.Namespace) -> int:
-    from lite_verl.config.presets import AUTO, preset_names, preset_path
+    from lite_verl.config.presets import AUTO, launch_line, preset_names, preset_path
 
     print(
         f"{AUTO:<10} lite-verl train --preset auto --set model.path=DIR  (detects the GPUs, picks what fits)"
     )
     for name in preset_names():
-        lines = preset_path(name).read_text().splitlines()
-        launch = next((ln.split(":", 1)[1].strip() for ln in lines if ln.startswith("# Launch:")), "")
-        print(f"{name:<10} {launch}")
+        print(f"{name:<10} {launch_line(preset_path(name))}")
+    return 0
+
+
+def cmd_recipes(args: argparse.Namespace) -> int:
+    from lite_verl.config.presets import launch_line, recipe_names, recipe_path
+
+    for name in recipe_names():
+        path = recipe_path(name)
+        about = next((ln[2:].strip() for ln in path.read_text().splitlines() if ln.startswith("# ")), "")
+        print(f"{name:<11} {about}\n{'':<11} {launch_line(path)}")
     return 0
 
 
@@ -441,7 +461,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
         raise UserError(f"--k {args.k}: give at least 1 sample per prompt")
     sets = [*args.sets, *([f"data.val_size={args.limit}"] if args.limit else [])]
     run_eval(args.target, args.preset, args.config, sets, args.k, args.correct, Path(args.out) if args.out else None,
-             limit=args.limit)  # fmt: skip
+             limit=args.limit, recipe=args.recipe)  # fmt: skip
     return 0
 
 
@@ -458,8 +478,8 @@ def _load_source(args: argparse.Namespace):
     from lite_verl.config import load_config
 
     if args.source is None:
-        cfg = load_config(args.preset, None, args.sets)
-        return cfg, Path(cfg.preset).stem, None
+        cfg = load_config(args.preset, None, args.sets, recipe=args.recipe)
+        return cfg, Path(cfg.recipe or cfg.preset).stem, None
     path = Path(args.source)
     if path.is_dir():
         if not (path / "config.yaml").is_file():
@@ -467,13 +487,14 @@ def _load_source(args: argparse.Namespace):
                 f"RUN_OR_CONFIG {path}: a directory without config.yaml; give a run directory made by "
                 "lite-verl train, or a YAML config file"
             )
-        return load_config(args.preset, str(path / "config.yaml"), args.sets), path.absolute().name, path
+        cfg = load_config(args.preset, str(path / "config.yaml"), args.sets, recipe=args.recipe)
+        return cfg, path.absolute().name, path
     if not path.exists():
         raise UserError(
             f"RUN_OR_CONFIG {str(path)!r} does not exist; give a run directory (with config.yaml) or a YAML "
             "config file"
         )
-    return load_config(args.preset, str(path), args.sets), path.stem, None
+    return load_config(args.preset, str(path), args.sets, recipe=args.recipe), path.stem, None
 
 
 def cmd_export_verl(args: argparse.Namespace) -> int:
@@ -521,6 +542,7 @@ COMMANDS = {
     "train": cmd_train,
     "validate": cmd_validate,
     "presets": cmd_presets,
+    "recipes": cmd_recipes,
     "make-tiny-model": cmd_make_tiny,
     "prepare-gsm8k": cmd_prepare_gsm8k,
 }

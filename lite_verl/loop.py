@@ -294,7 +294,7 @@ def run_training(session: Session, run: RunDir, resume: bool = False) -> dict[st
     start, consumed = _resume(session, run, ledger) if resume else (1, 0)
     log = MetricsLog(run.path, tr.tensorboard, resume_step=start - 1 if resume else None)
     sampler = PromptSampler(len(session.train_set), tr.batch_size, tr.seed, cfg.data.shuffle, consumed)
-    if not resume and cfg.data.val_size:
+    if not resume and cfg.data.val_size and tr.val_before_train:
         log.log(0, validate(session, 0))
     progress = Progress(tr.total_steps, start - 1, enabled=tr.progress)
     stop = StopRequest()

@@ -215,7 +215,9 @@ def test_full_finetune_is_fsdp_or_deepspeed():
 
 
 def test_presets_are_found_in_a_checkout_without_the_installed_package():
-    """Run from a checkout (PYTHONPATH=., no pip install), presets come from the repository's presets/."""
-    from lite_verl.config.presets import _preset_dir
+    """Run from a checkout (PYTHONPATH=., no pip install), presets and recipes come from the repository's
+    presets/ and recipes/."""
+    from lite_verl.config.presets import _shipped_dir
 
-    assert _preset_dir() == Path(__file__).resolve().parent.parent / "presets"
+    for kind in ("presets", "recipes"):
+        assert _shipped_dir(kind) == Path(__file__).resolve().parent.parent / kind

@@ -3,7 +3,8 @@
 `from_dict` builds a Config from the merged layers: an unknown key is an error that names the nearest
 valid key, a wrong type names the key and the expected type, a value outside a `Literal` names the key
 and lists the allowed values. `to_dict` is its inverse for YAML/JSON output (tuples as lists).
-`all_keys` and `describe` walk the schema: every dotted key, and its help from the field metadata.
+`all_keys` and `describe` walk the schema: every dotted key, and its help from the field metadata;
+`where_keys` the keys a preset may set (devices and memory knobs, not maths).
 """
 
 from __future__ import annotations
@@ -56,6 +57,24 @@ def describe(cls: type = Config, prefix: str = "") -> list[tuple[str, str]]:
         text = f.metadata.get("help", "") if f is not None else ""
         allowed = choices(tp)
         out.append((k, f"{' | '.join(map(str, allowed))}: {text}" if allowed else text))
+    return out
+
+
+def where_keys(cls: type = Config, prefix: str = "") -> frozenset[str]:
+    """The dotted keys that say where and how things run (schema `key(..., where=True)`): a preset's."""
+    return frozenset(k for k, _, f in _sections(cls, prefix) if f is not None and f.metadata.get("where"))
+
+
+def set_keys(data: typing.Mapping[str, Any], prefix: str = "") -> list[str]:
+    """The dotted keys a layer (nested dict) sets; a mapping-valued key (cost.price_per_hour) is one key."""
+    mappings = set(mapping_keys())
+    out = []
+    for k, v in data.items():
+        dotted = f"{prefix}{k}"
+        if isinstance(v, dict) and dotted not in mappings:
+            out.extend(set_keys(v, dotted + "."))
+        else:
+            out.append(dotted)
     return out
 
 

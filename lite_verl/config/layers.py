@@ -1,9 +1,12 @@
 """The config's layers and the one function that resolves them into a validated Config.
 
-Layers, later wins: dataclass defaults < preset (presets/NAME.yaml) < `machine` (what `--preset auto`
-chose for this machine: tools/auto.py) < user YAML (--config FILE) < `--set a.b=c` overrides. Both a
-named preset (`load_config(preset, file, sets)`) and `--preset auto` (`load_config(base, file, sets,
-machine=..., recorded_as="auto-BASE")`) go through `load_config`, so the order is written once.
+Layers, later wins: dataclass defaults < recipe (recipes/NAME.yaml: what is computed) < preset
+(presets/NAME.yaml: where it runs) < `machine` (what `--preset auto` chose for this machine:
+tools/auto.py) < user YAML (--config FILE) < `--set a.b=c` overrides. Both a named preset
+(`load_config(preset, file, sets)`) and `--preset auto` (`load_config(base, file, sets, machine=...,
+recorded_as="auto-BASE")`) go through `load_config`, so the order is written once. A preset that sets a
+key of what is computed, or a recipe that sets one of where it runs, is refused (rule: same maths on
+every machine).
 """
 
 from __future__ import annotations
@@ -14,8 +17,8 @@ from typing import Any
 
 import yaml
 
-from lite_verl.config.convert import all_keys, from_dict, mapping_keys, unknown_key
-from lite_verl.config.presets import preset_path
+from lite_verl.config.convert import all_keys, from_dict, mapping_keys, set_keys, unknown_key, where_keys
+from lite_verl.config.presets import preset_path, recipe_path
 from lite_verl.config.schema import Config
 from lite_verl.config.validation import validate_config
 from lite_verl.errors import ConfigError
@@ -82,21 +85,50 @@ def load_config(
     config_file: str | None = None,
     overrides: Sequence[str] = (),
     *,
+    recipe: str | None = None,
     machine: Mapping[str, Any] | None = None,
     recorded_as: str | None = None,
 ) -> Config:
     """Resolve the layers into a validated Config. Raises ConfigError with a one-line message.
 
-    No `preset`: the one the config file names (a resolved run config records it), else laptop.
-    `machine` goes between the preset and the config file; `recorded_as` is the config's `preset` key
-    (default: the preset's name).
+    No `preset`: the one the config file names (a resolved run config records it), else laptop; the same
+    for `recipe`, else none. `machine` goes between the preset and the config file; `recorded_as` is the
+    config's `preset` key (default: the preset's name).
     """
     user = read_yaml(config_file, "config file") if config_file else {}
-    # a resolved run config names its preset; --preset on the command line wins
+    # a resolved run config names its preset and recipe; --preset / --recipe on the command line win
     preset = preset or user.get("preset") or DEFAULT_PRESET
-    data = merge(read_yaml(preset_path(preset), f"preset '{preset}'"), machine or {})
+    recipe = recipe or user.get("recipe") or ""
+    data = recipe_layer(recipe) if recipe else {}
+    data = merge(data, preset_layer(preset))
+    data = merge(data, machine or {})
     data = merge(data, user)
     for item in overrides:
         data = merge(data, parse_override(item))
-    data["preset"] = recorded_as or preset
+    data["preset"], data["recipe"] = recorded_as or preset, recipe
     return validate_config(from_dict(data))
+
+
+def preset_layer(name: str) -> dict[str, Any]:
+    """A preset's keys; one that says what is computed (not a `where` key) is refused."""
+    data = read_yaml(preset_path(name), f"preset '{name}'")
+    where = where_keys()
+    wrong = [k for k in set_keys(data) if k in all_keys() and k not in where]
+    if wrong:
+        raise ConfigError(
+            f"preset '{name}' sets {wrong[0]}, which says what is computed: a preset says only where and "
+            "how things run; move it to a recipe, --config or --set"
+        )
+    return data
+
+
+def recipe_layer(name: str) -> dict[str, Any]:
+    """A recipe's keys; one that says where things run (a `where` key) is refused."""
+    data = read_yaml(recipe_path(name), f"recipe '{name}'")
+    wrong = [k for k in set_keys(data) if k in where_keys() or k in ("preset", "recipe")]
+    if wrong:
+        raise ConfigError(
+            f"recipe '{name}' sets {wrong[0]}, which says where things run: a recipe says only what is "
+            "computed; move it to a preset, --config or --set"
+        )
+    return data

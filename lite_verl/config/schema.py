@@ -42,12 +42,15 @@ FULL_BACKENDS: tuple[Backend, ...] = ("fsdp", "deepspeed")
 T = TypeVar("T")
 
 
-def key(default: T, help: str) -> T:
-    """A config key: its default and its one-line help (field metadata, printed by `lite-verl validate --keys`)."""
+def key(default: T, help: str, where: bool = False) -> T:
+    """A config key: its default and its one-line help (field metadata, printed by `lite-verl validate --keys`).
+    `where`: the key says where and how things run (devices, memory knobs, engines, prices), never what is
+    computed. Presets set only such keys and recipes none of them (config/layers.py checks both)."""
+    meta = {"help": help, "where": where}
     if isinstance(default, dict):
         made = cast(dict[Any, Any], default)
-        return cast(T, field(default_factory=lambda: dict(made), metadata={"help": help}))
-    return cast(T, field(default=default, metadata={"help": help}))
+        return cast(T, field(default_factory=lambda: dict(made), metadata=meta))
+    return cast(T, field(default=default, metadata=meta))
 
 
 @dataclass(frozen=True)
@@ -60,10 +63,10 @@ class ModelConfig:
     revision: str = key(
         "", "Hub id only: branch, tag or commit to use; empty = main (or the @revision in path)"
     )
-    dtype: Dtype = key("float32", "weights and compute of the trained model")
+    dtype: Dtype = key("float32", "weights and compute of the trained model", where=True)
     trust_remote_code: bool = key(False, "passed to from_pretrained for models with custom code")
     fp32_lm_head: bool = key(
-        True, "bf16/fp16 models: LM head in fp32 in the trainer and in vLLM (fewer mismatches)"
+        True, "bf16/fp16 models: LM head in fp32 in the trainer and in vLLM (fewer mismatches)", where=True
     )
 
 
@@ -97,6 +100,11 @@ class DataConfig:
         "(verl's schema); '' = none",
     )
     system_prompt: str = key("", "a system message put before every prompt that has none")
+    prompt_template: str = key(
+        "",
+        "data files: wraps each prompt's (last user) text: {prompt} is replaced by it, e.g. '{prompt} Answer after ####.'; "
+        "empty = as it is",
+    )
     apply_chat_template: bool = key(
         True,
         "format prompts with the model's chat template when it has one (else plain text); false = the "
@@ -109,7 +117,7 @@ class DataConfig:
         False, "skip rows with a missing or malformed prompt or answer (counted on stderr), not an error"
     )
     task: str = key(
-        "echo", "built-in task when train_files is empty: echo | arithmetic (data/tasks.py TASKS)"
+        "echo", "built-in task when train_files is empty: echo | arithmetic | countdown (data/tasks.py TASKS)"
     )
     task_size: int = key(4096, "number of built-in training prompts generated from trainer.seed")
     val_size: int = key(64, "number of prompts scored at each validation")
@@ -125,26 +133,32 @@ class DataConfig:
 
 @dataclass(frozen=True)
 class RolloutConfig:
-    engine: Engine = key("hf", "hf = transformers generate in the trainer; vllm = a vLLM engine")
+    engine: Engine = key("hf", "hf = transformers generate in the trainer; vllm = a vLLM engine", where=True)
     n: int = key(8, "responses sampled per prompt (the GRPO group size)")
     temperature: float = key(1.0, "sampling temperature; the trainer divides logits by it too")
     top_p: float = key(1.0, "nucleus sampling")
     max_new_tokens: int = key(16, "response length limit in tokens")
-    gpus: tuple[int, ...] = key((), "local GPU ids for rollout; empty = CPU")
-    gpu_memory_utilization: float = key(0.5, "vLLM: fraction of each rollout GPU it may take")
-    quantization: Quantization = key("none", "weights the rollout engine serves (awq: 4-bit, vLLM only)")
-    quantized_path: str = key(
-        "", "awq: a model dir from `lite-verl quantize`; empty = quantize on first use (cached)"
+    gpus: tuple[int, ...] = key((), "local GPU ids for rollout; empty = CPU", where=True)
+    gpu_memory_utilization: float = key(0.5, "vLLM: fraction of each rollout GPU it may take", where=True)
+    quantization: Quantization = key(
+        "none", "weights the rollout engine serves (awq: 4-bit, vLLM only)", where=True
     )
-    awq_group_size: int = key(128, "awq: input channels per quantization group (32, 64 or 128)")
-    enforce_eager: bool = key(False, "vLLM: no CUDA graphs / compile (faster start, slower decode)")
+    quantized_path: str = key(
+        "", "awq: a model dir from `lite-verl quantize`; empty = quantize on first use (cached)", where=True
+    )
+    awq_group_size: int = key(128, "awq: input channels per quantization group (32, 64 or 128)", where=True)
+    enforce_eager: bool = key(
+        False, "vLLM: no CUDA graphs / compile (faster start, slower decode)", where=True
+    )
     colocate: bool = key(
         True,
         "rollout.gpus == train.gpus: true = hybrid engine (vLLM sleeps during updates); false = split on the same cards",
+        where=True,
     )
     sleep_level: int = key(
         1,
         "colocated vLLM during updates: 1 = weights parked in host memory; 2 = discarded (sync.mode=merged, no AWQ: every weight is reloaded at the next sync, no host round trip)",
+        where=True,
     )
     max_staleness: int = key(
         0,
@@ -155,14 +169,17 @@ class RolloutConfig:
 @dataclass(frozen=True)
 class TrainConfig:
     backend: Backend = key(
-        "lora", "lora/qlora train an adapter (qlora: on a 4-bit base); fsdp/deepspeed train every weight"
+        "lora",
+        "lora/qlora train an adapter (qlora: on a 4-bit base); fsdp/deepspeed train every weight",
+        where=True,
     )
     gpus: tuple[int, ...] = key(
-        (), "local GPU ids for training, one training process (rank) each; empty = CPU"
+        (), "local GPU ids for training, one training process (rank) each; empty = CPU", where=True
     )
     cpu_ranks: int = key(
         1,
         "CPU training (gpus empty) in this many gloo processes: a laptop runs the maths of a len(gpus)-GPU run",
+        where=True,
     )
     lr: float = key(
         3e-3,
@@ -176,10 +193,13 @@ class TrainConfig:
     min_lr_ratio: float = key(0.0, "linear/cosine: the rate decays to train.lr x this at the last step")
     weight_decay: float = key(0.0, "AdamW weight decay")
     grad_clip: float = key(1.0, "max global grad norm; <= 0 disables clipping")
-    micro_batch_size: int = key(8, "sequences per forward/backward; a memory knob, never changes the maths")
+    micro_batch_size: int = key(
+        8, "sequences per forward/backward; a memory knob, never changes the maths", where=True
+    )
     pack_micro_batches: bool = key(
         True,
         "fill each forward/backward with shorter rows up to the tokens of micro_batch_size full-length ones (same memory bound, fewer launches)",
+        where=True,
     )
     lora_rank: int = key(16, "LoRA rank r")
     lora_alpha: int = key(32, "LoRA alpha (scale = alpha / r)")
@@ -188,22 +208,26 @@ class TrainConfig:
         ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"),
         "names of the linear layers LoRA adapts (in every decoder layer)",
     )
-    gradient_checkpointing: bool = key(False, "trade compute for activation memory")
+    gradient_checkpointing: bool = key(False, "trade compute for activation memory", where=True)
     offload_params: bool = key(
         False,
         "fsdp/deepspeed: weights (and the reference policy) in host memory; fsdp moves gradients and AdamW state with them",
+        where=True,
     )
     offload_optimizer: bool = key(
         False,
         "fsdp/deepspeed: AdamW state, fp32 masters and gradients in host memory (fsdp: together with offload_params)",
+        where=True,
     )
     optimizer_state_dtype: OptimizerStateDtype = key(
         "float32",
         "AdamW's m and v with train.backend=fsdp (fp32 master weights either way; bfloat16: 12 instead of 16 bytes per parameter, the host memory a 7B fsdp offload needs goes from 113 to 85 GiB)",
+        where=True,
     )
     max_memory_gib: float = key(
         0.0,
         "cap this process's memory on its training GPU (0 = the whole card): the trainer's share of a card it shares, or a 24 GB card emulated on a bigger one",
+        where=True,
     )
 
     @property
@@ -287,10 +311,10 @@ class RewardConfig:
     )
     on_error: OnError = key("raise", "what a raising, crashing or hanging user reward function does")
     default_score: float = key(0.0, "the value a failed function gives a sample when on_error=default")
-    device: str = key("cpu", "where a reward model runs: cpu or cuda:N")
+    device: str = key("cpu", "where a reward model runs: cpu or cuda:N", where=True)
     model: str = key("", "a reward model dir (sequence classification, one output); replaces the rule reward")
     keep_alive_s: float = key(
-        0.0, "reward.model: release it after this many idle seconds (0 = after every scoring)"
+        0.0, "reward.model: release it after this many idle seconds (0 = after every scoring)", where=True
     )
     url: str = key("", "a remote reward endpoint (POST items -> scores); replaces the rule reward")
     retries: int = key(2, "reward.url: retries after a failed request (network error, timeout, HTTP 5xx)")
@@ -298,8 +322,10 @@ class RewardConfig:
 
 @dataclass(frozen=True)
 class SyncConfig:
-    mode: SyncMode = key("adapter", "adapter = push the LoRA tensors; merged = merge them, load full weights")
-    bucket_mb: int = key(512, "merged sync: weights move in buckets of about this size")
+    mode: SyncMode = key(
+        "adapter", "adapter = push the LoRA tensors; merged = merge them, load full weights", where=True
+    )
+    bucket_mb: int = key(512, "merged sync: weights move in buckets of about this size", where=True)
 
 
 @dataclass(frozen=True)
@@ -315,22 +341,26 @@ class TrainerConfig:
     val_every: int = key(
         0, "validate every N steps (0 = never; the run still validates at the end if val_size>0)"
     )
+    val_before_train: bool = key(True, "validate before the first step (when data.val_size > 0)")
     tensorboard: bool = key(True, "also write TensorBoard events next to metrics.jsonl")
     progress: bool = key(True, "show a progress bar")
     plan_check: bool = key(
-        True, "GPU runs: refuse a config whose predicted peak memory exceeds a card (lite-verl plan)"
+        True,
+        "GPU runs: refuse a config whose predicted peak memory exceeds a card (lite-verl plan)",
+        where=True,
     )
 
 
 @dataclass(frozen=True)
 class CostConfig:
-    gpu_models: tuple[str, ...] = key((), "model of each local GPU id, e.g. [RTX 4090, RTX 4090]")
-    price_per_hour: dict[str, float] = key({}, 'USD per GPU-hour by model (and "cpu")')
+    gpu_models: tuple[str, ...] = key((), "model of each local GPU id, e.g. [RTX 4090, RTX 4090]", where=True)
+    price_per_hour: dict[str, float] = key({}, 'USD per GPU-hour by model (and "cpu")', where=True)
 
 
 @dataclass(frozen=True)
 class Config:
     preset: str = key("laptop", "the preset this config was built from (informational)")
+    recipe: str = key("", "the recipe this config was built from (informational); empty = none")
     model: ModelConfig = field(default_factory=ModelConfig)
     data: DataConfig = field(default_factory=DataConfig)
     rollout: RolloutConfig = field(default_factory=RolloutConfig)

@@ -92,6 +92,11 @@ def _check_data_columns(cfg: Config) -> None:
     d = cfg.data
     if not d.prompt_key:
         raise ConfigError("data.prompt_key is empty; name the column that holds the prompts (e.g. question)")
+    if d.prompt_template and "{prompt}" not in d.prompt_template:
+        raise ConfigError(
+            f"data.prompt_template={d.prompt_template!r} has no {{prompt}}; write where the prompt goes, "
+            "e.g. '{prompt} Answer after ####.'"
+        )
     for name, spec, may_be_empty in (("data.split", d.split, False), ("data.val_split", d.val_split, True)):
         if not (spec or may_be_empty) or not is_split_spec(spec):
             raise ConfigError(

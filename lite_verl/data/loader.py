@@ -81,7 +81,7 @@ def encode_prompts(
 
 
 def column_keys(cfg: DataConfig) -> ColumnKeys:
-    return ColumnKeys(cfg.prompt_key, cfg.answer_key, cfg.system_prompt, cfg.data_source)
+    return ColumnKeys(cfg.prompt_key, cfg.answer_key, cfg.system_prompt, cfg.data_source, cfg.prompt_template)
 
 
 def _held_out(cfg: DataConfig) -> list[PromptRow]:

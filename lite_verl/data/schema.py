@@ -55,6 +55,7 @@ class ColumnKeys:
     answer: str = "reward_model.ground_truth"  # a.b reads key b of struct column a; "" = no ground truth
     system_prompt: str = ""  # a system message put before prompts that have none
     data_source: str = ""  # for rows without a data_source column; "" = the source's path or Hub id
+    template: str = ""  # the last user message becomes template.format(prompt=it); "" = as it is
 
 
 def lookup(raw: dict[str, Any], key: str) -> Any:
@@ -69,7 +70,7 @@ def lookup(raw: dict[str, Any], key: str) -> Any:
     return value
 
 
-def _messages(prompt: Any, where: str, key: str, system: str) -> tuple[dict[str, str], ...]:
+def _messages(prompt: Any, where: str, key: str, system: str, template: str = "") -> tuple[dict[str, str], ...]:
     if prompt is None:
         raise DataError(f"{where}: missing field {key!r} (text, or {MESSAGES})")
     if hasattr(prompt, "tolist"):  # numpy arrays from pandas/parquet
@@ -91,6 +92,10 @@ def _messages(prompt: Any, where: str, key: str, system: str) -> tuple[dict[str,
         ):
             raise DataError(f"{where}: {key}[{i}] must be an object with string 'role' and 'content'")
         messages.append({"role": m["role"], "content": m["content"]})
+    if template:
+        last = max(i for i, m in enumerate(messages) if m["role"] == "user") if any(
+            m["role"] == "user" for m in messages) else len(messages) - 1  # fmt: skip
+        messages[last]["content"] = template.replace("{prompt}", messages[last]["content"])
     if system and messages[0]["role"] != "system":
         messages.insert(0, {"role": "system", "content": system})
     return tuple(messages)
@@ -103,7 +108,7 @@ def parse_row(raw: Any, where: str, keys: ColumnKeys = ColumnKeys(), source: str
         raise DataError(
             f"{where}: a row must be an object with the columns {keys.prompt!r} and {keys.answer!r}"
         )
-    messages = _messages(lookup(raw, keys.prompt), where, keys.prompt, keys.system_prompt)
+    messages = _messages(lookup(raw, keys.prompt), where, keys.prompt, keys.system_prompt, keys.template)
     data_source = raw.get("data_source")
     if data_source is None:
         data_source = keys.data_source or source

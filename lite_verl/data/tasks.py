@@ -6,6 +6,9 @@
 * `arithmetic`: GSM8K-style word problems with one or two operations on small numbers; the answer is
   checked exactly like GSM8K's (`#### n`, the last one in the response). A step towards GSM8K for
   small pretrained models.
+* `countdown`: "Using the numbers [3, 7, 12], make 16" with +, -, * and each number exactly once, the
+  equation given in <answer>...</answer> (TinyZero's task, made smaller: three numbers up to 20). Every
+  target is reachable by construction; reward/rules.py's countdown_score checks the equation exactly.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ ECHO_LETTERS = "abcd"  # the letters a prompt may ask for
 ECHO_LEN = 8  # characters scored
 ECHO_SOURCE = "lite_verl/echo"
 ARITH_SOURCE = "lite_verl/arithmetic"
+COUNTDOWN_SOURCE = "lite_verl/countdown"
 GSM8K_SUFFIX = 'Let\'s think step by step and output the final answer after "####".'
 
 
@@ -81,7 +85,47 @@ def arithmetic_rows(n: int, seed: int) -> list[PromptRow]:
     return rows
 
 
-TASKS: dict[str, Callable[[int, int], list[PromptRow]]] = {"echo": echo_rows, "arithmetic": arithmetic_rows}
+COUNTDOWN_PROMPT = (
+    "Using the numbers {numbers}, create an equation that equals {target}. You can use +, - and *, and "
+    "each number exactly once. Think briefly, then give only the equation inside <answer> </answer> tags, "
+    "for example <answer>(1 + 2) * 3</answer>."
+)
+
+
+def _countdown_problem(rng: random.Random) -> tuple[list[int], int, str]:
+    """Three numbers, a target made from them with two operations (kept in 1..200), and that equation."""
+    while True:
+        a, b, c = (rng.randint(1, 20) for _ in range(3))
+        op1, op2 = rng.choice("+-*"), rng.choice("+-*")
+        equation = f"({a} {op1} {b}) {op2} {c}" if rng.random() < 0.5 else f"{a} {op1} ({b} {op2} {c})"
+        target = eval(equation)  # noqa: S307 - our own digits and operators
+        if 1 <= target <= 200:
+            numbers = [a, b, c]
+            rng.shuffle(numbers)
+            return numbers, target, equation
+
+
+def countdown_rows(n: int, seed: int) -> list[PromptRow]:
+    rng = random.Random(f"countdown-{seed}")
+    rows = []
+    for i in range(n):
+        numbers, target, equation = _countdown_problem(rng)
+        rows.append(
+            PromptRow(
+                messages=({"role": "user", "content": COUNTDOWN_PROMPT.format(numbers=numbers, target=target)},),
+                data_source=COUNTDOWN_SOURCE,
+                ground_truth=str(target),
+                extra_info={"index": i, "numbers": numbers, "answer": f"<answer>{equation}</answer>"},
+            )
+        )
+    return rows
+
+
+TASKS: dict[str, Callable[[int, int], list[PromptRow]]] = {
+    "echo": echo_rows,
+    "arithmetic": arithmetic_rows,
+    "countdown": countdown_rows,
+}
 
 
 def task_rows(task: str, n: int, seed: int, split: str = "train") -> list[PromptRow]:
@@ -91,9 +135,11 @@ def task_rows(task: str, n: int, seed: int, split: str = "train") -> list[Prompt
 
 
 def tokenizer_corpus(seed: int = 0, n: int = 2000) -> list[str]:
-    """Text the tiny model's tokenizer is trained on: every built-in task's prompts and answers."""
+    """Text the tiny model's tokenizer is trained on: the echo and arithmetic prompts and answers. Fixed to
+    those two so that tiny models (and their cached copies) stay the same as tasks are added; byte-level
+    BPE still encodes any text."""
     texts = []
-    for make in TASKS.values():
+    for make in (echo_rows, arithmetic_rows):
         for row in make(n, seed):
             texts.append(row.messages[0]["content"])
             texts.append(str(row.extra_info.get("answer", row.ground_truth)))

@@ -9,16 +9,19 @@ and the fix. How a user function is called (verl's or TRL's shape) is functions.
 
 from __future__ import annotations
 
+import ast
 import importlib
 import importlib.util
 import math
+import re
+from fractions import Fraction
 import numbers
 import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from lite_verl.data.tasks import ARITH_SOURCE, ECHO_LEN, ECHO_SOURCE
+from lite_verl.data.tasks import ARITH_SOURCE, COUNTDOWN_SOURCE, ECHO_LEN, ECHO_SOURCE
 from lite_verl.errors import RewardError
 from lite_verl.reward.builtins import gsm8k_extract, gsm8k_score
 
@@ -32,6 +35,43 @@ def echo_score(solution_str: str, ground_truth: str) -> float:
     return min(solution_str.count(ground_truth), ECHO_LEN) / ECHO_LEN
 
 
+COUNTDOWN_FORMAT_SCORE = 0.1  # an equation in <answer> tags that is wrong (TinyZero gives 0.1 too)
+_ANSWER = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
+_OPS = {ast.Add: lambda a, b: a + b, ast.Sub: lambda a, b: a - b, ast.Mult: lambda a, b: a * b,
+        ast.Div: lambda a, b: a / b}  # fmt: skip
+
+
+def _arith(node: ast.AST, used: list[int]) -> Fraction:
+    """The exact value of + - * / over integer literals (collected in `used`); ValueError for anything else."""
+    if isinstance(node, ast.Expression):
+        return _arith(node.body, used)
+    if isinstance(node, ast.BinOp) and type(node.op) in _OPS:
+        left, right = _arith(node.left, used), _arith(node.right, used)
+        if isinstance(node.op, ast.Div) and right == 0:
+            raise ValueError("division by zero")
+        return Fraction(_OPS[type(node.op)](left, right))
+    if isinstance(node, ast.Constant) and type(node.value) is int:
+        used.append(node.value)
+        return Fraction(node.value)
+    raise ValueError(f"not allowed in an equation: {ast.dump(node)[:40]}")
+
+
+def countdown_score(solution_str: str, target: Any, numbers: list[int]) -> float:
+    """1.0 when the last <answer> holds an arithmetic expression that uses each of `numbers` exactly once
+    and equals `target`; COUNTDOWN_FORMAT_SCORE when there is an <answer> that is not that; else 0.0."""
+    found = _ANSWER.findall(solution_str)
+    if not found:
+        return 0.0
+    expression = found[-1].split("=")[0].strip()  # "3 + 4 * 3 = 15" counts by its left side
+    used: list[int] = []
+    try:
+        value = _arith(ast.parse(expression, mode="eval"), used) if len(expression) < 200 else None
+    except (SyntaxError, ValueError, RecursionError):
+        return COUNTDOWN_FORMAT_SCORE
+    right = sorted(used) == sorted(int(n) for n in numbers) and value == Fraction(int(target))
+    return 1.0 if right else COUNTDOWN_FORMAT_SCORE
+
+
 def default_compute_score(
     data_source: str, solution_str: str, ground_truth: str, extra_info: dict[str, Any] | None = None
 ) -> float:
@@ -39,9 +79,11 @@ def default_compute_score(
         return gsm8k_score(solution_str, ground_truth)
     if data_source == ECHO_SOURCE:
         return echo_score(solution_str, ground_truth)
+    if data_source == COUNTDOWN_SOURCE and extra_info is not None and "numbers" in extra_info:
+        return countdown_score(solution_str, ground_truth, extra_info["numbers"])
     raise RewardError(
-        f"no rule reward for data_source {data_source!r} (known: openai/gsm8k, {ARITH_SOURCE}, {ECHO_SOURCE}); "
-        "give your own with reward.function=module:function"
+        f"no rule reward for data_source {data_source!r} (known: openai/gsm8k, {ARITH_SOURCE}, {ECHO_SOURCE}, "
+        f"{COUNTDOWN_SOURCE} with extra_info.numbers); give your own with reward.function=module:function"
     )
 
 

@@ -34,8 +34,10 @@ from lite_verl.errors import UserError
 from lite_verl.run.files import atomic_directory, atomic_write_text
 
 
-def default_run_dir(preset: str) -> Path:
-    return Path("runs") / f"{time.strftime('%Y%m%d-%H%M%S')}-{Path(preset).stem}"
+def default_run_dir(preset: str, recipe: str = "") -> Path:
+    """runs/<time>-[<recipe>-]<preset>"""
+    names = [Path(n).stem for n in (recipe, preset) if n]
+    return Path("runs") / "-".join([time.strftime("%Y%m%d-%H%M%S"), *names])
 
 
 def _git_commit() -> str:

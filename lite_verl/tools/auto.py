@@ -192,18 +192,24 @@ def misfit(cfg: Config, shape: Shape, gpus: Sequence[Gpu]) -> str | None:
     return _short_of_free(plans, gpus)
 
 
-def compose(base: str, layer: dict[str, Any], config_file: str | None, sets: Sequence[str]) -> Config:
+def compose(
+    base: str, layer: dict[str, Any], config_file: str | None, sets: Sequence[str], recipe: str | None = None
+) -> Config:
     """The named-preset layers (layers.load_config) with auto's choices between the preset and the user's:
-    defaults < preset `base` < `layer` < --config < --set, recorded as preset `auto-BASE`."""
-    return load_config(base, config_file, sets, machine=layer, recorded_as=f"{AUTO}-{base}")
+    defaults < recipe < preset `base` < `layer` < --config < --set, recorded as preset `auto-BASE`."""
+    return load_config(base, config_file, sets, recipe=recipe, machine=layer, recorded_as=f"{AUTO}-{base}")
 
 
 def choose(
-    gpus: Sequence[Gpu], config_file: str | None = None, sets: Sequence[str] = (), shape: Shape | None = None
+    gpus: Sequence[Gpu],
+    config_file: str | None = None,
+    sets: Sequence[str] = (),
+    shape: Shape | None = None,
+    recipe: str | None = None,
 ) -> Choice:
     """The config auto runs with on these GPUs, and why. `shape` defaults to model.path's config.json."""
     if not gpus:
-        cfg = compose("laptop", {}, config_file, sets)
+        cfg = compose("laptop", {}, config_file, sets, recipe)
         why = "auto: no CUDA GPU detected -> preset laptop: rollout (HF generate) and training on the CPU"
         return Choice(cfg, (), (why,))
     used, lines = _pick_cards(gpus)
@@ -214,8 +220,8 @@ def choose(
     if shape is None:
         from lite_verl.model.load import resolve_model_path
 
-        shape = planner.shape_of(resolve_model_path(compose(base, machine, config_file, sets).model))
-    cfg, found = _search(base, machine, config_file, sets, shape, gpus)
+        shape = planner.shape_of(resolve_model_path(compose(base, machine, config_file, sets, recipe).model))
+    cfg, found = _search(base, machine, (config_file, sets, recipe), shape, gpus)
     return Choice(cfg, tuple(gpus), tuple(lines + found))
 
 
@@ -325,20 +331,20 @@ def ladder(micro_batch_size: int) -> Iterator[Knobs]:
 def _search(
     base: str,
     machine: dict[str, Any],
-    config_file: str | None,
-    sets: Sequence[str],
+    user: tuple[str | None, Sequence[str], str | None],
     shape: Shape,
     gpus: Sequence[Gpu],
 ) -> tuple[Config, list[str]]:
     """The first candidate of the ladder that fits; one line per group (backend, rollout) none of whose
-    candidates fits, one for the choice. A candidate the user's values turn into an earlier one is skipped."""
+    candidates fits, one for the choice. A candidate the user's values turn into an earlier one is skipped.
+    `user`: the user's layers (--config, --set, --recipe)."""
     start = int(read_yaml(preset_path(base), base)["train"]["micro_batch_size"])
     seen: list[Config] = []
     failed: dict[str, str] = {}  # group -> why its most frugal candidate did not fit
     invalid: ConfigError | None = None
     for k in ladder(start):
         try:
-            cfg = compose(base, merge(machine, k.layer()), config_file, sets)
+            cfg = compose(base, merge(machine, k.layer()), *user)
         except ConfigError as e:
             invalid = invalid or e
             continue

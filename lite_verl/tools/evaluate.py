@@ -87,7 +87,12 @@ def evaluate(session: Session, k: int, correct: float) -> dict[str, dict[str, fl
 
 
 def eval_config(
-    target: str, preset: str | None, config_file: str | None, sets: list[str], limit: int = 0
+    target: str,
+    preset: str | None,
+    config_file: str | None,
+    sets: list[str],
+    limit: int = 0,
+    recipe: str | None = None,
 ) -> tuple[Config, Path | None]:
     """(config, checkpoint or None). A run directory gives its resolved config and last checkpoint; anything
     else is a model (model.path) evaluated under the given preset/config. Validation files are read whole
@@ -104,18 +109,19 @@ def eval_config(
             )
         cfg, found = load_run_config(run, sets), ckpt
     else:
-        cfg, found = load_config(preset, config_file, [f"model.path={target}", *sets]), None
+        cfg = load_config(preset, config_file, [f"model.path={target}", *sets], recipe=recipe)
+        found = None
     if cfg.data.val_files and not limit:
         cfg = replace(cfg, data=replace(cfg.data, val_size=ALL_PROMPTS))
     return cfg, found
 
 
 def run_eval(target: str, preset: str | None, config_file: str | None, sets: list[str], k: int,
-             correct: float, out: Path | None, limit: int = 0) -> dict[str, Any]:  # fmt: skip
+             correct: float, out: Path | None, limit: int = 0, recipe: str | None = None) -> dict[str, Any]:  # fmt: skip
     """Load, evaluate, print the table, write the JSON. -> the result."""
     from lite_verl.loop import prepare
 
-    cfg, ckpt = eval_config(target, preset, config_file, sets, limit)
+    cfg, ckpt = eval_config(target, preset, config_file, sets, limit, recipe)
     cfg = replace(cfg, trainer=replace(cfg.trainer, progress=False))
     session = prepare(cfg)
     try:
