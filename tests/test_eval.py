@@ -38,6 +38,7 @@ def test_source_summary_of_fixed_samples():
     out = part.summary(k=2, correct=1.0)
     assert out["prompts"] == 2
     assert out["greedy"] == 0.5
+    assert SourceScores(greedy=[1.0, 0.1, 0.1, 0.0]).summary(2, correct=1.0)["greedy_acc"] == 0.25
     assert out["mean@2"] == pytest.approx(1.5 / 4)
     assert out["pass@2"] == pytest.approx((1.0 + 0.0) / 2)  # 0.5 is below --correct
     assert SourceScores(greedy=[0.5], sampled=[[0.5, 0.5]]).summary(2, correct=0.5)["pass@2"] == 1.0
@@ -59,7 +60,7 @@ def test_eval_command_scores_a_runs_last_checkpoint(tmp_path):
     scores = result["scores"]
     assert set(scores) == {"all", "lite_verl/echo"}
     assert scores["all"]["prompts"] == 6
-    for key in ("greedy", "mean@3", "pass@3"):
+    for key in ("greedy", "greedy_acc", "mean@3", "pass@3"):
         assert 0.0 <= scores["all"][key] <= 1.0
     assert scores["all"]["pass@3"] >= scores["all"]["mean@3"] - 1e-9 or scores["all"]["mean@3"] < 1.0
     assert "data_source" in done.stdout and "pass@3" in done.stdout

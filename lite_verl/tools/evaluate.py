@@ -7,7 +7,9 @@
 It runs the run's own machinery (`loop.prepare`: the rollout engine the config names, vLLM or HF generate,
 and the run's reward scorer) on the validation prompts (`data.val_files`, or the built-in task's held-out
 set), so an evaluation scores exactly as training did. Per `data_source`:
-  greedy   the mean reward of one greedy response per prompt (accuracy for 0/1 rewards)
+  greedy   the mean reward of one greedy response per prompt
+  greedy_acc  the fraction of prompts whose greedy response is correct (differs from greedy when a reward
+           gives partial credit, e.g. 0.1 for a wrong answer in the right format)
   mean@k   the mean reward of k sampled responses per prompt (rollout.temperature, top_p)
   pass@k   the fraction of prompts with at least one correct response among k, estimated without bias
            from n = k samples (Chen et al. 2021, "Evaluating Large Language Models Trained on Code")
@@ -50,7 +52,11 @@ class SourceScores:
     sampled: list[list[float]] = field(default_factory=list)
 
     def summary(self, k: int, correct: float) -> dict[str, float]:
-        out = {"prompts": float(len(self.greedy)), "greedy": _mean(self.greedy)}
+        out = {
+            "prompts": float(len(self.greedy)),
+            "greedy": _mean(self.greedy),
+            "greedy_acc": _mean([float(x >= correct) for x in self.greedy]),
+        }
         if self.sampled:
             flat = [s for row in self.sampled for s in row]
             out[f"mean@{k}"] = _mean(flat)
@@ -141,7 +147,7 @@ def run_eval(target: str, preset: str | None, config_file: str | None, sets: lis
 
 
 def format_table(scores: dict[str, dict[str, float]], k: int) -> str:
-    cols = ["prompts", "greedy", f"mean@{k}", f"pass@{k}"]
+    cols = ["prompts", "greedy", "greedy_acc", f"mean@{k}", f"pass@{k}"]
     width = max(12, *(len(n) for n in scores))
     lines = [f"{'data_source':<{width}}" + "".join(f"{c:>10}" for c in cols)]
     for name, row in scores.items():

@@ -1,0 +1,58 @@
+#!/bin/bash
+# The recipes' proof on the GPU machine (bench/recipes.py), longer than one 10-minute call: it runs in the
+# background from its own copy of the tree (/tmp/lv: later calls re-copy the checkout) and each call waits
+# on it for up to WAIT_S seconds. After the vLLM wheels are installed (../shared/GPU.md) and the model
+# chunks (.stage/mK: a tar of the GGUF files) are copied to /tmp/mparts and GSM8K to /tmp/gsm8k:
+#   LITE_VERL_COMMIT=<sha> bash bench/gpu_recipes.sh start   # assemble, import the GGUFs, launch, wait
+#   bash bench/gpu_recipes.sh wait                          # wait more; results when done
+# Two chains run at once: SmolLM2-135M-Instruct (arithmetic, countdown, gsm8k) and Gemma-3-270M base
+# (arithmetic, countdown), each model imported first by `lite-verl import-gguf`. Hardware knobs only
+# (--set): bf16 rollout (the AWQ set is not carried), eager vLLM (fast starts), 0.1 of the GPU per engine.
+# $OUT gets recipes.log, results_new.jsonl (the rows it appended) and extra.tgz (logs, curves, eval JSON).
+set -uo pipefail
+export PYTHONPATH=/tmp/site:/tmp/lv:${PYTHONPATH:-} VLLM_USE_FLASHINFER_SAMPLER=0 PYTHONUNBUFFERED=1
+export LITE_VERL_CACHE=/tmp/lite-verl-cache HF_HUB_OFFLINE=1 LITE_VERL_DEBUG=1
+OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
+WAIT_S=${WAIT_S:-540}
+case "${1:-}" in
+  start)
+    shift
+    mkdir -p /tmp/models
+    cat $(ls /tmp/mparts/models.tar.part.* | sort) > /tmp/models.tar
+    (cd /tmp && sha256sum -c /tmp/mparts/models.tar.sha256 >/dev/null) || { echo "model chunks: checksum mismatch" >&2; exit 1; }
+    tar xf /tmp/models.tar -C /tmp/models && rm /tmp/models.tar && ls -la /tmp/models
+    rm -rf /tmp/lv && cp -r "$PWD" /tmp/lv && cd /tmp/lv
+    cp bench/results.jsonl /tmp/results.before
+    echo "${LITE_VERL_COMMIT:-unknown}" > /tmp/lv.commit
+    export LITE_VERL_COMMIT=$(cat /tmp/lv.commit)
+    (setsid nohup bash bench/gpu_recipes.sh chain smollm2 SmolLM2-135M-Instruct.Q4_1.gguf \
+       smollm2:arithmetic,smollm2:countdown,smollm2:gsm8k > /tmp/recipes_smollm2.log 2>&1; echo $? > /tmp/recipes_smollm2.rc) &
+    (setsid nohup bash bench/gpu_recipes.sh chain gemma gemma-3-270m-q4_k_m.gguf \
+       gemma:arithmetic,gemma:countdown > /tmp/recipes_gemma.log 2>&1; echo $? > /tmp/recipes_gemma.rc) &
+    ;;
+  wait) ;;
+  chain)  # NAME GGUF JOBS: import the model, then its jobs (run by start, in the background)
+    python3 -m lite_verl import-gguf "/tmp/models/$3" "/tmp/models/$2" || exit 1
+    exec python3 -m bench.recipes --model "$2=/tmp/models/$2" --jobs "$4" --gsm8k /tmp/gsm8k \
+      --set rollout.quantization=none --set rollout.enforce_eager=true --set rollout.gpu_memory_utilization=0.1 ;;
+  *) sed -n '2,9p' "$0"; exit 2 ;;
+esac
+start=$SECONDS
+done_all() { [ -f /tmp/recipes_smollm2.rc ] && [ -f /tmp/recipes_gemma.rc ]; }
+while ! done_all && [ $((SECONDS - start)) -lt "$WAIT_S" ]; do
+  sleep 15
+  echo "[$((SECONDS - start)) s] $(ls /tmp/lite-verl-recipes/*/run/metrics.jsonl 2>/dev/null | while read f; do echo -n "$(basename $(dirname $(dirname $f))):$(wc -l < $f) "; done)"
+done
+cp /tmp/recipes_*.log "$OUT/" 2>/dev/null
+X=/tmp/recipes_extra; rm -rf $X; mkdir -p $X
+for d in /tmp/lite-verl-recipes/*/; do
+  n=$(basename $d); mkdir -p $X/$n
+  cp $d/log.txt $d/*.json $d/run/metrics.jsonl $d/run/summary.json $d/run/config.yaml $X/$n/ 2>/dev/null
+done
+cp /tmp/lv/bench/runs/recipes_curve_*.jsonl $X/ 2>/dev/null
+tar czf "$OUT/extra.tgz" -C $X . 2>/dev/null
+diff /tmp/results.before /tmp/lv/bench/results.jsonl | sed -n 's/^> //p' > "$OUT/results_new.jsonl"
+for m in smollm2 gemma; do
+  echo "== $m: $(cat /tmp/recipes_$m.rc 2>/dev/null || echo running)"; grep -E "greedy accuracy|FAILED|Error" /tmp/recipes_$m.log | tail -5
+done
+done_all || { echo "still running"; tail -2 /tmp/recipes_*.log; }

@@ -1,0 +1,132 @@
+"""Benchmark: the shipped recipes, proven through the user's commands only: eval before, train, eval after.
+
+    python -m bench.recipes --model smollm2=FILE.gguf [--model gemma=FILE.gguf] \
+        --jobs smollm2:arithmetic,smollm2:countdown,smollm2:gsm8k,gemma:countdown \
+        [--preset 4090x1] [--gsm8k DIR] [--steps N] [--set KEY=VALUE ...] [--job-set JOB:KEY=VALUE ...]
+
+Each job runs, in its own process tree and all jobs at once (one GPU holds several):
+    lite-verl eval MODEL --preset P --recipe R [--set ...] --out before.json
+    lite-verl train --preset P --recipe R --set model.path=MODEL [--set ...] --run-dir RUN
+    lite-verl eval RUN --out after.json
+and appends greedy accuracy (reward 1.0) and mean reward, mean@4 and pass@4 before and after (all prompts the recipe evaluates: GSM8K's
+1,319 test problems, 500 held-out generated ones), the train wall time and the reward of the first and last
+10% of steps to bench/results.jsonl; the per-step rewards go to bench/runs/recipes_curve_<job>.jsonl.
+`--gsm8k DIR` points the gsm8k recipe at a local copy (DIR/train.jsonl, DIR/test.jsonl) instead of the Hub.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shlex
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+from bench.results import append, render, write_curve
+from bench.train_run import reward_curve
+
+WORK = Path("/tmp/lite-verl-recipes")
+MODEL_NAMES = {"smollm2": "SmolLM2-135M-Instruct (its Q4_1 GGUF, imported)",
+               "gemma": "Gemma-3-270M base (its Q4_K_M GGUF, imported)"}  # fmt: skip
+
+
+def lite_verl(args: list[str], log: Path) -> float:
+    """Run `python -m lite_verl ARGS`, output appended to `log`; -> wall seconds. Raises on failure."""
+    start = time.perf_counter()
+    with log.open("a") as f:
+        f.write(f"\n$ lite-verl {shlex.join(args)}\n")
+        f.flush()
+        done = subprocess.run([sys.executable, "-m", "lite_verl", *args], stdout=f, stderr=subprocess.STDOUT)
+    if done.returncode != 0:
+        raise RuntimeError(f"lite-verl {args[0]} exited {done.returncode}; see {log}")
+    return time.perf_counter() - start
+
+
+def run_job(job: str, model: str, args: argparse.Namespace) -> dict:
+    """eval before, train, eval after for one model:recipe; -> the figures and the commands."""
+    name, recipe = job.split(":")
+    home = WORK / job.replace(":", "_")
+    home.mkdir(parents=True, exist_ok=True)
+    log = home / "log.txt"
+    mine = [s.split(":", 2) for s in args.job_set]
+    sets = [*args.set, *(kv for n, r, kv in mine if f"{n}:{r}" == job)]
+    if recipe == "gsm8k" and args.gsm8k:
+        sets += [f"data.train_files=[{args.gsm8k}/train.jsonl]", f"data.val_files=[{args.gsm8k}/test.jsonl]"]
+    if args.steps:
+        sets.append(f"trainer.total_steps={args.steps}")
+    flags = ["--preset", args.preset, "--recipe", recipe, *(x for s in sets for x in ("--set", s))]
+    before = ["eval", model, *flags, "--out", str(home / "before.json")]
+    train = ["train", *flags, "--set", f"model.path={model}", "--set", "trainer.progress=false",
+             "--run-dir", str(home / "run")]  # fmt: skip
+    after = ["eval", str(home / "run"), "--out", str(home / "after.json")]
+    out: dict = {"job": job, "commands": [shlex.join(["lite-verl", *c]) for c in (before, train, after)]}
+    out["eval_before_s"] = lite_verl(before, log)
+    out["train_s"] = lite_verl(train, log)
+    out["eval_after_s"] = lite_verl(after, log)
+    for when in ("before", "after"):
+        out[when] = json.loads((home / f"{when}.json").read_text())["scores"]["all"]
+    out["summary"] = json.loads((home / "run" / "summary.json").read_text())
+    out["config"] = (home / "run" / "config.yaml").read_text()
+    rows = [json.loads(line) for line in (home / "run" / "metrics.jsonl").read_text().splitlines()]
+    out["curve"] = reward_curve([r for r in rows if "reward/mean" in r])
+    out["val"] = [(r["step"], r["val/reward_mean"]) for r in rows if "val/reward_mean" in r]
+    return out
+
+
+def record(result: dict, args: argparse.Namespace) -> None:
+    job = result["job"]
+    name, recipe = job.split(":")
+    steps = result["summary"]["steps"]
+    extra = f"; --set {' '.join(args.set)}" if args.set else ""
+    settings = (f"recipe {recipe} as shipped, {steps} steps, preset {args.preset}{extra}; eval: greedy, mean@4 and "
+                f"pass@4 on {int(result['before']['prompts'])} held-out prompts; {len(args.jobs)} jobs at once on one GPU")  # fmt: skip
+    command = " && ".join(result["commands"])
+    model = MODEL_NAMES.get(name, name)
+    for when in ("before", "after"):
+        for metric in ("greedy_acc", "greedy", "mean@4", "pass@4"):
+            if metric in result[when]:
+                unit = "reward" if metric in ("greedy", "mean@4") else "accuracy"
+                append("recipes", model, settings, f"{recipe}_{metric}_{when}", result[when][metric], unit, command)
+    s = result["summary"]
+    append("recipes", model, settings, f"{recipe}_train_wall_s", result["train_s"], "s", command)
+    for key in ("reward_first_10pct", "reward_last_10pct"):
+        append("recipes", model, settings, f"{recipe}_{key}", s[key], "reward", command)
+    write_curve("recipes", job.replace(":", "_"), f"{model}, recipe {recipe}: {settings}", {"lite-verl": result["curve"]})
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", action="append", default=[], help="NAME=PATH (a model dir, .gguf or Hub id)")
+    p.add_argument("--jobs", required=True, help="NAME:RECIPE,...")
+    p.add_argument("--preset", default="4090x1")
+    p.add_argument("--gsm8k", default="", help="a local GSM8K copy for the gsm8k recipe")
+    p.add_argument("--steps", type=int, default=0, help="override the recipe's trainer.total_steps")
+    p.add_argument("--set", action="append", default=[], help="KEY=VALUE for every command of every job")
+    p.add_argument("--job-set", action="append", default=[], help="NAME:RECIPE:KEY=VALUE for one job")
+    args = p.parse_args()
+    args.jobs = args.jobs.split(",")
+    models = dict(m.split("=", 1) for m in args.model)
+    with ThreadPoolExecutor(len(args.jobs)) as pool:
+        futures = {j: pool.submit(run_job, j, models[j.split(":")[0]], args) for j in args.jobs}
+    failed = 0
+    for job, f in futures.items():
+        try:
+            result = f.result()
+        except Exception as e:  # noqa: BLE001 - one job failing must not lose the others' figures
+            print(f"{job}: FAILED: {e}")
+            failed += 1
+            continue
+        record(result, args)
+        b, a = result["before"], result["after"]
+        print(f"{job}: greedy accuracy {b['greedy_acc']:.3f} -> {a['greedy_acc']:.3f}, pass@4 {b.get('pass@4', 0):.3f} -> "
+              f"{a.get('pass@4', 0):.3f}, reward {result['summary']['reward_first_10pct']:.3f} -> "
+              f"{result['summary']['reward_last_10pct']:.3f}, val {result['val']}, train {result['train_s']:.0f} s")  # fmt: skip
+    render()
+    sys.exit(1 if failed else 0)
+
+
+if __name__ == "__main__":
+    main()
