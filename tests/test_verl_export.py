@@ -227,6 +227,23 @@ def test_reward_function_file_travels(tmp_path):
     assert "reward.isolate" in (out / "UNSUPPORTED.md").read_text()
 
 
+def test_a_recipes_weighted_reward_functions_travel_as_one_verl_function(tmp_path):
+    """The arithmetic recipe's reward.functions (gsm8k with 0.1 for a wrong answer in format) reaches verl as
+    a reward_fn.py that scores as training does, not verl's plain GSM8K rule."""
+    import importlib.util
+
+    out = export(tmp_path, "--preset", "laptop", "--recipe", "arithmetic", "--set", "data.task_size=64",
+                 "--set", "data.val_size=8", "--set", "trainer.batch_size=8")  # fmt: skip
+    spec = importlib.util.spec_from_file_location("exported_reward_fn", out / "reward_fn.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    assert module.compute_score("lite_verl/arithmetic", "so #### 12", "12") == 1.0
+    assert module.compute_score("lite_verl/arithmetic", "so #### 13", "12") == pytest.approx(0.1)  # float32, as in training
+    assert module.compute_score("lite_verl/arithmetic", "twelve", "12") == 0.0
+    assert "reward.custom_reward_function.name=compute_score" in overrides(out)
+    assert "reward.functions (gsm8k)" in (out / "UNSUPPORTED.md").read_text()
+
+
 def test_launch_script_passes_the_overrides(tmp_path):
     """run_verl.sh, with a stand-in python3 that prints its arguments: exactly overrides.txt, then "$@"."""
     out = export(tmp_path, "--preset", "laptop", *SMALL)

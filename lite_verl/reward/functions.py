@@ -23,7 +23,7 @@ from __future__ import annotations
 import inspect
 import numbers
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal, NamedTuple
 
@@ -282,6 +282,25 @@ def total_and_parts(
         for f, vals in zip(functions, values)
     }
     return torch.tensor(total, dtype=torch.float32), parts if log_parts else {}
+
+
+def verl_compute_score(functions: Sequence[Mapping[str, Any]]) -> Callable[..., float]:
+    """reward.functions (as dicts: fn, weight, name, args) as one verl-shaped compute_score: the weighted
+    sum for one response, as training computes it. For `lite-verl export-verl`'s reward_fn.py: verl gives
+    a function data_source, the response, the ground truth and extra_info (no prompt, no other columns)."""
+    specs = [
+        FunctionSpec(str(f.get("name") or default_name(str(f["fn"]))), str(f["fn"]),
+                     f"reward.functions[{i}] {f['fn']}", float(f.get("weight", 1.0)), dict(f.get("args") or {}))
+        for i, f in enumerate(functions)
+    ]  # fmt: skip
+    loaded = [load_function(s) for s in specs]
+
+    def compute_score(data_source: str, solution_str: str, ground_truth: Any, extra_info: Any = None) -> float:
+        sample = Sample(data_source, solution_str, ground_truth, dict(extra_info or {}), "", {})
+        values = [call_in_process(f, [sample]) for f in loaded]
+        return float(total_and_parts(loaded, values, False)[0][0])
+
+    return compute_score
 
 
 def note_fallbacks(specs: Sequence[FunctionSpec]) -> None:

@@ -417,7 +417,16 @@ def _reward(cfg: Config, inp: Inputs, layout: Layout) -> list[Item]:
             Override("reward.custom_reward_function.path", inp.reward_file),
             Override("reward.custom_reward_function.name", inp.reward_name),
         ]
-    if inp.reward_file is not None and not w.function:
+    if w.functions:
+        items.append(
+            Note(
+                "reward.functions (" + ", ".join(f.fn for f in w.functions) + ")",
+                "reward_fn.py calls lite-verl's weighted sum of them (pip install lite-verl and each function's "
+                "module on every Ray node); verl gives a function no prompt and no other columns than extra_info, "
+                "and logs only the total",
+            )
+        )
+    elif inp.reward_file is not None and not w.function:
         items.append(
             Note(
                 "rule rewards by data_source (lite_verl/echo, lite_verl/arithmetic)",

@@ -16,6 +16,7 @@ The mapping itself is verl_export.py. Built-in tasks are generated exactly as `l
 from __future__ import annotations
 
 import importlib.util
+import json
 import re
 import shlex
 import shutil
@@ -53,6 +54,23 @@ from lite_verl.reward.rules import default_compute_score
 
 def compute_score(data_source, solution_str, ground_truth, extra_info=None, **kwargs):
     return default_compute_score(data_source, solution_str, ground_truth, extra_info)
+'''
+
+
+FUNCTIONS_SHIM = '''"""verl reward function written by `lite-verl export-verl`: the run's reward.functions, weighted.
+
+Needs lite-verl importable on every Ray node (pip install lite-verl), and each user function's module.
+"""
+
+import json
+
+from lite_verl.reward.functions import verl_compute_score
+
+_score = verl_compute_score(json.loads(%r))
+
+
+def compute_score(data_source, solution_str, ground_truth, extra_info=None, **kwargs):
+    return _score(data_source, solution_str, ground_truth, extra_info)
 '''
 
 
@@ -158,10 +176,14 @@ def model_source(cfg: Config) -> str | Path:
 
 
 def reward_source(cfg: Config, rows: list[PromptRow]) -> tuple[Path | str | None, str]:
-    """(file to copy as reward_fn.py, or RULES_SHIM for lite-verl's rules, or None; function name)."""
+    """(file to copy as reward_fn.py, or the text of a shim calling lite-verl's rules or reward.functions, or
+    None for verl's own rules; function name)."""
     w = cfg.reward
     if w.model or w.url:
         return None, "compute_score"  # the reward model / endpoint replaces the rules (see the notes)
+    if w.functions:
+        specs = [{"fn": f.fn, "weight": f.weight, "name": f.name, "args": dict(f.args)} for f in w.functions]
+        return FUNCTIONS_SHIM % json.dumps(specs), "compute_score"
     if w.function:
         target, _, name = w.function.rpartition(":")
         return _function_file(target), name
