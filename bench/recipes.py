@@ -89,12 +89,25 @@ def record(result: dict, args: argparse.Namespace) -> None:
         for metric in ("greedy_acc", "greedy", "mean@4", "pass@4"):
             if metric in result[when]:
                 unit = "reward" if metric in ("greedy", "mean@4") else "accuracy"
-                append("recipes", model, settings, f"{recipe}_{metric}_{when}", result[when][metric], unit, command)
+                append(
+                    "recipes",
+                    model,
+                    settings,
+                    f"{recipe}_{metric}_{when}",
+                    result[when][metric],
+                    unit,
+                    command,
+                )
     s = result["summary"]
     append("recipes", model, settings, f"{recipe}_train_wall_s", result["train_s"], "s", command)
     for key in ("reward_first_10pct", "reward_last_10pct"):
         append("recipes", model, settings, f"{recipe}_{key}", s[key], "reward", command)
-    write_curve("recipes", job.replace(":", "_"), f"{model}, recipe {recipe}: {settings}", {"lite-verl": result["curve"]})
+    write_curve(
+        "recipes",
+        job.replace(":", "_"),
+        f"{model}, recipe {recipe}: {settings}",
+        {"lite-verl": result["curve"]},
+    )
 
 
 def main() -> None:

@@ -19,6 +19,7 @@ A mistake in the input prints one line naming the field and the fix, and exits w
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import shutil
 import sys
@@ -555,8 +556,13 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         return 0
     _quiet_libraries()
+    from lite_verl.run.signals import StopRequest
+
     try:
-        return COMMANDS[args.command](args)
+        # train: a stop signal before the loop runs (model load, first validation) ends the command at once,
+        # as an exception that cleans up (the loop then finishes its step in flight instead: run/signals.py)
+        with StopRequest(defer=False) if args.command == "train" else contextlib.nullcontext():
+            return COMMANDS[args.command](args)
     except UserError as e:
         print(f"lite-verl: error: {e}", file=sys.stderr)
         return e.exit_code

@@ -22,7 +22,7 @@ import torch
 
 from lite_verl import algos
 from lite_verl.batch import RolloutBatch, UpdateBatch
-from lite_verl.config import Config
+from lite_verl.config import Config, TrainerConfig
 from lite_verl.data.loader import PromptSampler, PromptSet, load_prompt_sets
 from lite_verl.errors import UserError
 from lite_verl.reward.base import Scorer, make_scorer
@@ -280,6 +280,8 @@ def _resume(session: Session, run: RunDir, ledger: Ledger) -> tuple[int, int]:
         raise UserError(f"--resume {run.path}: it holds no complete checkpoint; start a new run instead")
     session.backend.load(ckpt)
     state = json.loads((ckpt / "state.json").read_text())
+    # the engine serves the checkpoint's weights before the first resumed rollout (it started with the base's)
+    session.engine.sync_weights(int(state["step"]))
     set_rng_state(torch.load(ckpt / "rng.pt", weights_only=False))
     ledger.restore(state.get("ledger", {}))
     session.kl_ctrl.value = float(state.get("kl_coef", session.kl_ctrl.value))
@@ -297,12 +299,14 @@ def run_training(session: Session, run: RunDir, resume: bool = False) -> dict[st
     if not resume and cfg.data.val_size and tr.val_before_train:
         log.log(0, validate(session, 0))
     progress = Progress(tr.total_steps, start - 1, enabled=tr.progress)
-    stop = StopRequest()
+    stop = (
+        StopRequest()
+    )  # from here a signal finishes the step in flight (before: lite-verl's cli stops at once)
     try:
         with stop:
             _steps(session, run, sampler, ledger, log, progress, start, stop)
-        if cfg.data.val_size:
-            log.log(tr.total_steps, validate(session, tr.total_steps))
+            if cfg.data.val_size:  # a signal now lets the finished run validate and end normally
+                log.log(tr.total_steps, validate(session, tr.total_steps))
     finally:
         progress.close()
         log.close()
@@ -323,6 +327,7 @@ def _steps(
     """Steps start..total_steps: train, check for divergence, validate, log, checkpoint, honour a signal."""
     tr = session.cfg.trainer
     skipped = 0
+    saved_at = time.monotonic()
     for step in range(start, tr.total_steps + 1):
         metrics = train_step(session, sampler, step, ledger)
         skipped = skipped + 1 if metrics.get("actor/skipped_step") else 0
@@ -337,14 +342,22 @@ def _steps(
         log.log(step, metrics)
         progress.update(step, metrics)
         last = step == tr.total_steps
-        due = (tr.save_every and step % tr.save_every == 0) or last or stop.signum is not None
-        if due and tr.keep_checkpoints:
+        saved = tr.keep_checkpoints > 0 and (last or stop.signum is not None or _due(tr, step, saved_at))
+        if saved:
             # a rollout in flight is not part of the state: a resumed run generates that batch again
             consumed = sampler.consumed - (len(session.prefetched) if session.prefetched is not None else 0)
             state = {"consumed": consumed, "ledger": ledger.state(), "kl_coef": session.kl_ctrl.value}
             run.save_checkpoint(step, session.backend, state, tr.keep_checkpoints)
+            saved_at = time.monotonic()
         if stop.signum is not None and not last:
-            raise Interrupted(stop.signum, step)
+            raise Interrupted(stop.signum, step, saved)
+
+
+def _due(tr: TrainerConfig, step: int, saved_at: float) -> bool:
+    """A periodic checkpoint: every trainer.save_every steps, and trainer.save_every_minutes after the last."""
+    by_steps = tr.save_every > 0 and step % tr.save_every == 0
+    by_time = tr.save_every_minutes > 0 and time.monotonic() - saved_at >= 60 * tr.save_every_minutes
+    return by_steps or by_time
 
 
 def _finish(session: Session, run: RunDir, ledger: Ledger) -> dict[str, Any]:

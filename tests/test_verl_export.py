@@ -238,7 +238,9 @@ def test_a_recipes_weighted_reward_functions_travel_as_one_verl_function(tmp_pat
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     assert module.compute_score("lite_verl/arithmetic", "so #### 12", "12") == 1.0
-    assert module.compute_score("lite_verl/arithmetic", "so #### 13", "12") == pytest.approx(0.1)  # float32, as in training
+    assert module.compute_score("lite_verl/arithmetic", "so #### 13", "12") == pytest.approx(
+        0.1
+    )  # float32, as in training
     assert module.compute_score("lite_verl/arithmetic", "twelve", "12") == 0.0
     assert "reward.custom_reward_function.name=compute_score" in overrides(out)
     assert "reward.functions (gsm8k)" in (out / "UNSUPPORTED.md").read_text()

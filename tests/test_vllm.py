@@ -354,6 +354,8 @@ def test_awq_on_a_cpu_without_the_kernel_is_one_clear_line(monkeypatch):
     from lite_verl.rollout import vllm_compat, vllm_start
 
     monkeypatch.setattr(vllm_compat, "cpu_awq_missing", lambda: "no kernel here")
-    with pytest.raises(UserError, match=r"rollout.quantization=awq with rollout.gpus=\[\]: no kernel here; set"):
+    with pytest.raises(
+        UserError, match=r"rollout.quantization=awq with rollout.gpus=\[\]: no kernel here; set"
+    ):
         vllm_start._check_cpu_awq(())
     vllm_start._check_cpu_awq((0,))  # a rollout GPU needs no CPU kernel

@@ -333,7 +333,10 @@ class TrainerConfig:
     total_steps: int = key(100, "rollout + update steps")
     batch_size: int = key(16, "prompts per step, global: the same on every machine")
     seed: int = key(0, "seeds data order, built-in task, sampling and init")
-    save_every: int = key(0, "checkpoint every N steps (0 = only at the end)")
+    save_every: int = key(0, "also checkpoint every N steps (0 = by time, a signal and the end only)")
+    save_every_minutes: float = key(
+        10.0, "checkpoint when this many minutes passed since the last one (0 = off: benchmarks)"
+    )
     keep_checkpoints: int = key(
         2,
         "keep the last N checkpoints (0 = write none: no resume, no export; benchmarks of models too big for the disk)",

@@ -70,7 +70,9 @@ def lookup(raw: dict[str, Any], key: str) -> Any:
     return value
 
 
-def _messages(prompt: Any, where: str, key: str, system: str, template: str = "") -> tuple[dict[str, str], ...]:
+def _messages(
+    prompt: Any, where: str, key: str, system: str, template: str = ""
+) -> tuple[dict[str, str], ...]:
     if prompt is None:
         raise DataError(f"{where}: missing field {key!r} (text, or {MESSAGES})")
     if hasattr(prompt, "tolist"):  # numpy arrays from pandas/parquet

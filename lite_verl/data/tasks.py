@@ -112,7 +112,9 @@ def countdown_rows(n: int, seed: int) -> list[PromptRow]:
         numbers, target, equation = _countdown_problem(rng)
         rows.append(
             PromptRow(
-                messages=({"role": "user", "content": COUNTDOWN_PROMPT.format(numbers=numbers, target=target)},),
+                messages=(
+                    {"role": "user", "content": COUNTDOWN_PROMPT.format(numbers=numbers, target=target)},
+                ),
                 data_source=COUNTDOWN_SOURCE,
                 ground_truth=str(target),
                 extra_info={"index": i, "numbers": numbers, "answer": f"<answer>{equation}</answer>"},

@@ -295,7 +295,9 @@ def verl_compute_score(functions: Sequence[Mapping[str, Any]]) -> Callable[..., 
     ]  # fmt: skip
     loaded = [load_function(s) for s in specs]
 
-    def compute_score(data_source: str, solution_str: str, ground_truth: Any, extra_info: Any = None) -> float:
+    def compute_score(
+        data_source: str, solution_str: str, ground_truth: Any, extra_info: Any = None
+    ) -> float:
         sample = Sample(data_source, solution_str, ground_truth, dict(extra_info or {}), "", {})
         values = [call_in_process(f, [sample]) for f in loaded]
         return float(total_and_parts(loaded, values, False)[0][0])

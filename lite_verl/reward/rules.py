@@ -13,11 +13,11 @@ import ast
 import importlib
 import importlib.util
 import math
-import re
-from fractions import Fraction
 import numbers
+import re
 import sys
 from collections.abc import Callable
+from fractions import Fraction
 from pathlib import Path
 from typing import Any
 

@@ -41,6 +41,9 @@ if TYPE_CHECKING:  # torch loads lazily: the worker's child process imports this
 
 
 def _serve(specs: list[FunctionSpec], conn: Any) -> None:  # pragma: no cover - runs in the child process
+    from lite_verl.run.signals import child_process_setup
+
+    child_process_setup()  # Ctrl-C / SIGTERM to the group are the controller's to act on
     try:
         _serve_forever([load_function(s) for s in specs], conn)
     except (EOFError, OSError, KeyboardInterrupt):

@@ -236,6 +236,9 @@ class _Server:
 
 
 def worker_main(conn, options: WorkerOptions) -> None:  # pragma: no cover - runs in the worker process
+    from lite_verl.run.signals import child_process_setup
+
+    child_process_setup()  # Ctrl-C / SIGTERM to the group are the controller's to act on
     try:
         server = _Server(_make_llm(options))
     except BaseException as e:  # noqa: BLE001 - report any start-up failure to the controller

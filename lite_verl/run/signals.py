@@ -1,38 +1,71 @@
-"""Signals: the first SIGINT/SIGTERM asks the loop to stop after the step in flight (a checkpoint is
-written); a second one stops at once."""
+"""Signals: one shutdown protocol for the controller and every child process it starts.
+
+The controller (`lite-verl train`): from the start of the command, the first SIGINT / SIGTERM / SIGHUP
+(Ctrl-C in a terminal reaches the whole process group; `timeout`, systemd, Slurm, docker and Kubernetes send
+SIGTERM) stops it. Before the first step there is nothing to save: it stops at once and the run directory is
+removed. Once steps run, the step in flight finishes, a checkpoint is written, the children are shut down in
+order, and the exit code is 128 + the signal (130, 143, 129). A second signal stops at once; the children
+still end.
+
+A child (vLLM worker, reward worker, follower training rank) calls `child_process_setup()` first: it ignores
+the group's signals, so that only the controller decides when it stops (it tells the child through its
+pipe), and it ends when the controller's process ends, however that ends (kill -9 included).
+"""
 
 from __future__ import annotations
 
+import multiprocessing as mp
+import os
 import signal
 import sys
 import threading
 from typing import Any
 
+# the signals that ask a run to stop; SIGHUP (a closed terminal or ssh session) where the platform has it
+STOP_SIGNALS: tuple[signal.Signals, ...] = tuple(
+    getattr(signal, name) for name in ("SIGINT", "SIGTERM", "SIGHUP") if hasattr(signal, name)
+)
+
 
 class Interrupted(Exception):
-    """SIGINT/SIGTERM: the step in flight finished, a checkpoint was written, the run stopped."""
+    """A stop signal ended the run: after `step` (0 = before the first), with or without a checkpoint."""
 
-    def __init__(self, signum: int, step: int) -> None:
+    def __init__(self, signum: int, step: int, checkpoint: bool) -> None:
         self.exit_code = 128 + signum
-        super().__init__(
-            f"stopped by {signal.Signals(signum).name} after step {step}; a checkpoint was written"
-        )
+        self.step, self.checkpoint = step, checkpoint
+        name = signal.Signals(signum).name
+        if step == 0:
+            text = f"stopped by {name} before the first step of this run (nothing was trained)"
+        elif checkpoint:
+            text = f"stopped by {name} after step {step}; a checkpoint was written"
+        else:
+            text = (
+                f"stopped by {name} after step {step}; NO checkpoint was written (trainer.keep_checkpoints=0)"
+            )
+        super().__init__(text)
 
 
 class StopRequest:
-    """First SIGINT/SIGTERM asks the loop to stop after the current step; a second one stops at once."""
+    """While active (a context manager), the stop signals are handled here.
 
-    def __init__(self) -> None:
+    defer=False (from the command's start until the loop runs): the first signal raises Interrupted at
+    once. defer=True (the loop): the first signal is recorded in `signum` and the loop stops after the step
+    in flight; a second one raises KeyboardInterrupt (stop now)."""
+
+    def __init__(self, defer: bool = True) -> None:
+        self.defer = defer
         self.signum: int | None = None
         self._old: dict[int, Any] = {}
 
     def __enter__(self) -> StopRequest:
         if threading.current_thread() is threading.main_thread():
-            for sig in (signal.SIGINT, signal.SIGTERM):
+            for sig in STOP_SIGNALS:
                 self._old[sig] = signal.signal(sig, self._handle)
         return self
 
     def _handle(self, signum: int, frame: Any) -> None:
+        if not self.defer:
+            raise Interrupted(signum, 0, False)
         if self.signum is not None:
             raise KeyboardInterrupt
         self.signum = signum
@@ -46,3 +79,24 @@ class StopRequest:
     def __exit__(self, *exc: Any) -> None:
         for sig, handler in self._old.items():
             signal.signal(sig, handler)
+
+
+def child_process_setup() -> None:
+    """First thing in a child process: ignore the group's stop signals and end with the controller."""
+    for sig in STOP_SIGNALS:
+        signal.signal(sig, signal.SIG_IGN)
+    exit_with_parent()
+
+
+def exit_with_parent() -> None:
+    """End this process when its parent process ends, however it ends (its sentinel closes), even while
+    this process waits inside a collective or a long generate."""
+    parent = mp.parent_process()
+    if parent is None:
+        return
+
+    def watch() -> None:
+        parent.join()
+        os._exit(1)
+
+    threading.Thread(target=watch, name="lite-verl-parent-watch", daemon=True).start()

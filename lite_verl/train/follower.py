@@ -7,11 +7,8 @@ line; its traceback to stderr. It imports nothing of train/group.py: group start
 
 from __future__ import annotations
 
-import multiprocessing as mp
 import os
-import signal
 import sys
-import threading
 import traceback
 from contextlib import suppress
 from multiprocessing.connection import Connection
@@ -22,6 +19,7 @@ import torch
 
 from lite_verl.config import Config
 from lite_verl.errors import UserError
+from lite_verl.run.signals import child_process_setup
 from lite_verl.train.base import TrainBackend
 from lite_verl.train.commands import COMMANDS, STOP, batch_from, receive_command
 from lite_verl.train.dist import Ranks, barrier, join_group
@@ -34,8 +32,7 @@ def follower_main(
     """Rank `rank` (a spawned process): join, build the backend as rank 0 does, serve its commands."""
     import torch.distributed as dist
 
-    _exit_with_parent()
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole process group: rank 0 decides
+    child_process_setup()  # the group's signals are rank 0's to act on; end with rank 0
     _quiet()
     try:
         torch.manual_seed(cfg.trainer.seed + rank)  # its own dropout masks; replicas are broadcast equal
@@ -61,20 +58,6 @@ def _quiet() -> None:
 
     hf_logging.disable_progress_bar()
     hf_logging.set_verbosity_error()
-
-
-def _exit_with_parent() -> None:
-    """End this process when the controller ends, however it ends (its sentinel closes), even while
-    this process waits inside a collective."""
-    parent = mp.parent_process()
-    if parent is None:
-        return
-
-    def watch() -> None:
-        parent.join()
-        os._exit(1)
-
-    threading.Thread(target=watch, name="lite-verl-parent-watch", daemon=True).start()
 
 
 class Follower:
