@@ -230,28 +230,32 @@ def agg_loss(
     global_seqs: float | None = None,
     global_length: float | None = None,
 ) -> torch.Tensor:
-    """Aggregate a [B, T] loss matrix into a scalar.
+    """Aggregate a [B, T] loss matrix into a scalar, as verl 0.9.1's core_algos.agg_loss.
 
-    token-mean:              sum(loss * mask) / sum(mask)            (DAPO; verl's default)
-    seq-mean-token-sum:      mean over rows of sum(loss * mask)
-    seq-mean-token-mean:     mean over rows of (sum(loss * mask) / sum(mask))  (the GRPO paper)
-    seq-mean-token-sum-norm: sum(loss * mask) / T, T = loss_mask.shape[-1]   (Dr. GRPO's constant)
+    token-mean:              sum(loss * mask) / N                     (DAPO; verl's default)
+    seq-mean-token-sum:      sum over rows of sum_t(loss * mask) / B
+    seq-mean-token-mean:     sum over rows of (sum_t(loss * mask) / sum_t(mask)) / B  (the GRPO paper)
+    seq-mean-token-sum-norm: sum(loss * mask) / (B * T)               (Dr. GRPO: a constant per row)
+    N = valid tokens; B = rows with at least one valid token; T = loss_mask.shape[-1].
 
-    global_tokens / global_seqs replace the local token / row counts in the denominators, so that the
-    micro-batches of one mini-batch sum to the mini-batch's loss; global_length replaces T where a
-    micro-batch was cut shorter than the batch's response length (update.py trims common padding).
+    global_tokens / global_seqs / global_length replace N / B / T by the whole mini-batch's counts, so
+    that the micro-batches of one mini-batch sum to the mini-batch's loss (global_seqs counts all its
+    rows, as verl's global_batch_size = ppo_mini_batch_size * n; global_length is the batch's response
+    length where update.py trimmed a micro-batch's common padding, as verl's loss_scale_factor).
+    An all-padding batch gives 0 where verl divides by zero.
     """
     if loss_agg_mode == "token-mean":
         if global_tokens is None:
             return masked_mean(loss_mat, loss_mask)
         return masked_sum(loss_mat, loss_mask) / global_tokens
-    n_seqs = loss_mat.shape[0] if global_seqs is None else global_seqs
+    # verl leaves fully masked rows out of the local row count (they add nothing to the sum either)
+    n_seqs = (loss_mask.sum(-1) > 0).sum().clamp(min=1) if global_seqs is None else global_seqs
     if loss_agg_mode == "seq-mean-token-sum":
         return masked_sum(loss_mat, loss_mask, -1).sum() / n_seqs
     if loss_agg_mode == "seq-mean-token-mean":
         return (masked_sum(loss_mat, loss_mask, -1) / loss_mask.sum(-1).clamp(min=1)).sum() / n_seqs
-    if loss_agg_mode == "seq-mean-token-sum-norm":  # no row count in it: micro-batches simply add up
-        return masked_sum(loss_mat, loss_mask) / (global_length or loss_mask.shape[-1])
+    if loss_agg_mode == "seq-mean-token-sum-norm":  # seq-mean-token-sum with every row divided by T
+        return masked_sum(loss_mat, loss_mask) / n_seqs / (global_length or loss_mask.shape[-1])
     raise ValueError(f"unknown loss_agg_mode {loss_agg_mode!r}; one of {LOSS_AGG_MODES}")
 
 

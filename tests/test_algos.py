@@ -107,7 +107,8 @@ def test_agg_loss_modes_by_hand():
     assert algos.agg_loss(loss, mask, "token-mean").item() == pytest.approx(10 / 4)
     assert algos.agg_loss(loss, mask, "seq-mean-token-sum").item() == pytest.approx((6 + 4) / 2)
     assert algos.agg_loss(loss, mask, "seq-mean-token-mean").item() == pytest.approx((2 + 4) / 2)
-    assert algos.agg_loss(loss, mask, "seq-mean-token-sum-norm").item() == pytest.approx(10 / 3)
+    # verl 0.9.1: seq-mean-token-sum with each row's sum divided by T = 3
+    assert algos.agg_loss(loss, mask, "seq-mean-token-sum-norm").item() == pytest.approx(10 / (2 * 3))
 
 
 @pytest.mark.parametrize("mode", algos.LOSS_AGG_MODES)
