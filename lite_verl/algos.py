@@ -240,8 +240,9 @@ def agg_loss(
 
     global_tokens / global_seqs / global_length replace N / B / T by the whole mini-batch's counts, so
     that the micro-batches of one mini-batch sum to the mini-batch's loss (global_seqs counts all its
-    rows, as verl's global_batch_size = ppo_mini_batch_size * n; global_length is the batch's response
-    length where update.py trimmed a micro-batch's common padding, as verl's loss_scale_factor).
+    rows, as verl's global_batch_size = ppo_mini_batch_size * n; update.py passes global_length =
+    rollout.max_new_tokens, the generation budget verl pads responses to, whatever the batch's longest
+    response or a micro-batch's trimmed width).
     An all-padding batch gives 0 where verl divides by zero.
     """
     if loss_agg_mode == "token-mean":

@@ -81,6 +81,9 @@ class Experience:
     values: torch.Tensor | None = None  # [N, R] critic values before the update (gae)
     returns: torch.Tensor | None = None  # [N, R] value targets (gae)
     is_weights: torch.Tensor | None = None  # [N, R] truncated IS weights for rollout/trainer mismatch
+    # seq-mean-token-sum-norm's T (Dr. GRPO's constant, verl's max_response_length): the generation budget,
+    # rollout.max_new_tokens, not the batch's longest response; 0 = the response width
+    horizon: int = 0
 
     @property
     def num_rows(self) -> int:
@@ -95,7 +98,8 @@ class Experience:
         picked: dict[str, Any] = {}
         for f in fields(self):
             v = getattr(self, f.name)
-            picked[f.name] = None if v is None else v[idx]
+            if isinstance(v, torch.Tensor):
+                picked[f.name] = v[idx]
         return replace(self, **picked)
 
     def trimmed(self) -> Experience:
@@ -108,7 +112,7 @@ class Experience:
         cut = {}
         for f in fields(self):
             v = getattr(self, f.name)
-            if v is None:
+            if not isinstance(v, torch.Tensor):
                 continue
             if f.name in ("input_ids", "attention_mask"):
                 cut[f.name] = v[:, p0 : v.shape[1] - self.response_length + r]

@@ -13,6 +13,7 @@ import math
 import sys
 from collections import defaultdict
 from collections.abc import Callable
+from dataclasses import replace
 from typing import TYPE_CHECKING, TypeVar
 
 import torch
@@ -274,6 +275,7 @@ def run_update(
             backend, batch.rollout, batch.scores, batch.group_ids.tolist(), a, kl_ctrl, micro,
             cfg.rollout.temperature, batch.baselines, ranks,
         )  # fmt: skip
+    exp = replace(exp, horizon=cfg.rollout.max_new_tokens)  # seq-mean-token-sum-norm's T: the budget
     metrics.update(timer.metrics)
     metrics["train/lr"] = lr
     rows_per_mini = (a.ppo_mini_batch_size or cfg.trainer.batch_size) * cfg.rollout.n
@@ -346,7 +348,7 @@ def _each_mini_batch(
             norm = {
                 "global_tokens": max(float(mb.response_mask.sum()), 1.0),
                 "global_seqs": float(mb.num_rows),
-                "global_length": float(mb.response_length),  # Dr. GRPO's T, before any trimming
+                "global_length": float(mb.horizon or mb.response_length),  # Dr. GRPO's T, before any trimming
             }
             mine = mb.take(ranks.share(mb.num_rows)) if ranks.world > 1 else mb
             out = ranks.reduce(
