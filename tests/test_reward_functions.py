@@ -351,3 +351,42 @@ def test_training_logs_each_function(tmp_path, user):
             m["reward/rule/mean"] + 0.01 * m["reward/plen/mean"], abs=1e-5
         )
         assert m["reward/plen/mean"] > 0
+
+
+@pytest.mark.parametrize(
+    "body, words",
+    [
+        ("import os\nos._exit(3)\n", "importing it ended the reward worker process (exit code 3)"),
+        ("raise RuntimeError('no GPU here')\n", "cannot import"),
+        ("import time\ntime.sleep(600)\n", "did not finish within"),
+    ],
+    ids=["exits", "raises", "hangs"],
+)
+def test_an_isolated_reward_module_is_imported_only_in_its_worker(tmp_path, monkeypatch, body, words):
+    """reward.isolate: the controller never imports the user's module; an import that exits, raises or
+    hangs is one line naming the function."""
+    import sys
+
+    from lite_verl.reward import worker
+
+    monkeypatch.setattr(worker, "START_TIMEOUT_S", 3.0)
+    (tmp_path / "bad_reward.py").write_text(
+        body + "def score(data_source, solution_str, ground_truth):\n    return 1.0\n"
+    )
+    with pytest.raises(RewardError) as e:
+        make_scorer(RewardConfig(function=f"{tmp_path / 'bad_reward.py'}:score"))
+    assert words in str(e.value) and "\n" not in str(e.value) and "bad_reward.py" in str(e.value)
+    assert not any("bad_reward" in name for name in sys.modules)  # never imported here
+
+
+def test_an_isolated_scorer_gets_the_shapes_from_its_worker(user):
+    import sys
+
+    before = set(sys.modules)
+    scorer = make_scorer(RewardConfig(function=f"{user}:trl_acc"))
+    try:
+        assert [f.shape for f in scorer.functions] == ["trl"]
+        assert not [m for m in set(sys.modules) - before if "user" in m and "reward" in m]
+        assert scorer.score([row(answer=2)], ["2"]).tolist() == [1.0]
+    finally:
+        scorer.close()

@@ -59,9 +59,10 @@ class Scorer(Protocol):
 
 
 def make_scorer(cfg: RewardConfig) -> Scorer:
-    """The scorer for the reward section. Loads and checks the source now (the user function is imported
-    here even when it will run in a worker; a reward model's config is read), raising UserError before
-    the run directory exists. Nothing is started: the worker and the model start on the first score."""
+    """The scorer for the reward section. Loads and checks the source now, raising UserError before the run
+    directory exists: a user function in this process, or with reward.isolate in its worker (started here:
+    the user's module is never imported by the controller); a reward model's config is read (the model
+    starts on the first score)."""
     from lite_verl.reward.functions import InProcessScorer, load_function, note_fallbacks, specs_of
 
     if cfg.model:
@@ -76,11 +77,10 @@ def make_scorer(cfg: RewardConfig) -> Scorer:
 
         return RemoteScorer(cfg.url, cfg.timeout_s, cfg.retries, cfg.on_error, cfg.default_score)
     specs, log_parts = specs_of(cfg)
-    functions = [load_function(s) for s in specs]
     note_fallbacks(specs)
     if cfg.isolate and any(not s.builtin for s in specs):
         from lite_verl.reward.worker import IsolatedScorer, RewardWorker
 
         worker = RewardWorker(specs, cfg.timeout_s, cfg.on_error, cfg.default_score)
-        return IsolatedScorer(functions, worker, log_parts)
-    return InProcessScorer(functions, log_parts)
+        return IsolatedScorer(worker.start(), worker, log_parts)
+    return InProcessScorer([load_function(s) for s in specs], log_parts)

@@ -16,7 +16,7 @@ import multiprocessing as mp
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from lite_verl.data.schema import PromptRow
 from lite_verl.errors import RewardError
@@ -45,7 +45,13 @@ def _serve(specs: list[FunctionSpec], conn: Any) -> None:  # pragma: no cover - 
 
     child_process_setup()  # Ctrl-C / SIGTERM to the group are the controller's to act on
     try:
-        _serve_forever([load_function(s) for s in specs], conn)
+        try:  # the user's modules are imported here only, never in the controller
+            functions = [load_function(s) for s in specs]
+        except Exception as e:  # noqa: BLE001 - whatever the import raised, reported in one line
+            conn.send(("err", str(e) if isinstance(e, RewardError) else f"{type(e).__name__}: {e}"))
+            return
+        conn.send(("ready", [Shape(f.shape, f.params, f.required, f.any_keyword) for f in functions]))
+        _serve_forever(functions, conn)
     except (EOFError, OSError, KeyboardInterrupt):
         return  # the controller went away or stopped us: leave quietly
 
@@ -67,6 +73,22 @@ def _serve_forever(functions: list[RewardFunction], conn: Any) -> None:  # pragm
             conn.send(answer)
 
 
+START_TIMEOUT_S = 120.0  # importing the user's reward modules in the worker
+
+
+class Shape(NamedTuple):
+    """How to call a function, as the worker found it (RewardFunction without the function itself)."""
+
+    shape: str
+    params: frozenset[str]
+    required: frozenset[str]
+    any_keyword: bool
+
+
+def _runs_in_the_worker(*args: Any, **kwargs: Any) -> Any:
+    raise RuntimeError("an isolated reward function runs in its worker process, not in the controller")
+
+
 class RewardWorker:
     """The child process running the configured functions, restarted after a crash or a time-out."""
 
@@ -83,12 +105,39 @@ class RewardWorker:
         self._proc: Any = None
         self._conn: Any = None
 
-    def _start(self) -> None:
+    def start(self) -> list[RewardFunction]:
+        """Start the worker, which imports the functions; -> them as the controller calls them (their shape,
+        without importing anything here). Raises RewardError in one line when the import fails, hangs or
+        ends the process."""
+        shapes = self._start()
+        return [
+            RewardFunction(spec, _runs_in_the_worker, s.shape, s.params, s.required, s.any_keyword)  # type: ignore[arg-type]
+            for spec, s in zip(self.specs, shapes)
+        ]
+
+    def _start(self) -> list[Shape]:
         parent, child = self._ctx.Pipe()
         self._proc = self._ctx.Process(target=_serve, args=(self.specs, child), daemon=True)
         self._proc.start()
         child.close()
         self._conn = parent
+        names = ", ".join(s.label for s in self.specs)
+        if not parent.poll(START_TIMEOUT_S):
+            self._kill()
+            raise RewardError(f"{names}: importing it in the reward worker did not finish within "
+                              f"{START_TIMEOUT_S:.0f}s; make the module import quickly (no work at import time)")  # fmt: skip
+        try:
+            kind, value = parent.recv()
+        except (EOFError, OSError):
+            self._proc.join(timeout=5)
+            code = self._proc.exitcode
+            self._kill()
+            raise RewardError(f"{names}: importing it ended the reward worker process (exit code {code}); "
+                              "fix what the module does at import time") from None  # fmt: skip
+        if kind == "err":
+            self._kill()
+            raise RewardError(value)
+        return value
 
     def _kill(self) -> None:
         if self._proc is not None and self._proc.is_alive():
@@ -166,7 +215,7 @@ class RewardWorker:
 class IsolatedScorer:
     """The `Scorer` for user reward functions in a worker process (reward.isolate=true)."""
 
-    functions: list[RewardFunction]  # loaded here too: their shapes decide the calls
+    functions: list[RewardFunction]  # their shapes (from the worker) decide the calls; they run there
     worker: RewardWorker
     log_parts: bool = False  # reward.functions: keep each function's values for its metric
     last_parts: dict[str, torch.Tensor] = field(default_factory=dict)
