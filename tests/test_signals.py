@@ -20,7 +20,13 @@ from test_cli import cli, metrics
 
 pytestmark = pytest.mark.skipif(not Path("/proc").is_dir(), reason="reads process groups from /proc (Linux)")
 
-FAST = ["trainer.batch_size=4", "rollout.n=4", "data.val_size=4", "data.task_size=64", "trainer.progress=false"]
+FAST = [
+    "trainer.batch_size=4",
+    "rollout.n=4",
+    "data.val_size=4",
+    "data.task_size=64",
+    "trainer.progress=false",
+]
 REWARD = "def score(data_source, solution_str, ground_truth, extra_info=None):\n    return float(len(solution_str) % 3)\n"
 
 

@@ -248,8 +248,11 @@ def _actor(cfg: Config, inp: Inputs, layout: Layout) -> list[Item]:
         Override(ACTOR + "loss_agg_mode", a.loss_agg_mode),
         # seq-mean-token-sum-norm's T: lite-verl's is the response length limit; verl's default would be each
         # micro-batch's longest response, which changes with how a batch is split
-        *([Override(ACTOR + "loss_scale_factor", cfg.rollout.max_new_tokens)]
-          if a.loss_agg_mode == "seq-mean-token-sum-norm" else []),  # fmt: skip
+        *(
+            [Override(ACTOR + "loss_scale_factor", cfg.rollout.max_new_tokens)]
+            if a.loss_agg_mode == "seq-mean-token-sum-norm"
+            else []
+        ),  # fmt: skip
         Override(ACTOR + "entropy_coeff", a.entropy_coeff),
         Override(ACTOR + "use_kl_loss", a.use_kl_loss),
         Override(ACTOR + "kl_loss_coef", a.kl_loss_coef),
