@@ -96,10 +96,13 @@ def prepare(cfg: Config) -> Session:
     return Session(cfg, tokenizer, backend, engine, train_set, val_set, scorer, kl_ctrl, micro, group)
 
 
-def host_peak_gib() -> float:
-    """This process's peak resident memory in GiB (ru_maxrss: KiB on Linux, bytes on macOS)."""
-    import resource
-
+def host_peak_gib() -> float | None:
+    """This process's peak resident memory in GiB (ru_maxrss: KiB on Linux, bytes on macOS); None where the
+    platform has no `resource` module (Windows)."""
+    try:
+        import resource
+    except ImportError:
+        return None
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return peak / (2**30 if sys.platform == "darwin" else 2**20)
 

@@ -312,3 +312,21 @@ def test_every_backend_provides_the_train_backend_protocol():
     assert [getattr(FullBackend, f) for f in flags] == [False, False, True]
     session = prepare(load_config("laptop", None, SMALL))
     assert isinstance(session.backend, TrainBackend) and session.backend.device == torch.device("cpu")
+
+
+def test_host_peak_memory_without_the_posix_resource_module(monkeypatch):
+    """Windows has no `resource`: the run's summary says None instead of crashing at its end."""
+    import builtins as py_builtins
+
+    from lite_verl.loop import host_peak_gib
+
+    assert host_peak_gib() > 0
+    real_import = py_builtins.__import__
+
+    def no_resource(name, *args, **kwargs):
+        if name == "resource":
+            raise ImportError("no resource on this platform")
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.setattr(py_builtins, "__import__", no_resource)
+    assert host_peak_gib() is None
