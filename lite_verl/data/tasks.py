@@ -26,20 +26,17 @@ COUNTDOWN_SOURCE = "lite_verl/countdown"
 GSM8K_SUFFIX = 'Let\'s think step by step and output the final answer after "####".'
 
 
+def _user_row(text: str, source: str, truth: str, extra: dict) -> PromptRow:
+    return PromptRow(({"role": "user", "content": text},), source, truth, extra)
+
+
 def echo_rows(n: int, seed: int) -> list[PromptRow]:
     rng = random.Random(f"echo-{seed}")
-    rows = []
-    for i in range(n):
-        letter = rng.choice(ECHO_LETTERS)
-        rows.append(
-            PromptRow(
-                messages=({"role": "user", "content": f"Repeat the letter {letter}."},),
-                data_source=ECHO_SOURCE,
-                ground_truth=letter,
-                extra_info={"index": i, "answer": letter * ECHO_LEN},
-            )
-        )
-    return rows
+    letters = [rng.choice(ECHO_LETTERS) for _ in range(n)]
+    return [
+        _user_row(f"Repeat the letter {c}.", ECHO_SOURCE, c, {"index": i, "answer": c * ECHO_LEN})
+        for i, c in enumerate(letters)
+    ]
 
 
 _NAMES = ["Sam", "Ana", "Tom", "Mia", "Leo", "Zoe", "Max", "Ivy"]
@@ -71,18 +68,11 @@ def _word_problem(rng: random.Random) -> tuple[str, str, int]:
 
 def arithmetic_rows(n: int, seed: int) -> list[PromptRow]:
     rng = random.Random(f"arithmetic-{seed}")
-    rows = []
-    for i in range(n):
-        q, solution, ans = _word_problem(rng)
-        rows.append(
-            PromptRow(
-                messages=({"role": "user", "content": f"{q} {GSM8K_SUFFIX}"},),
-                data_source=ARITH_SOURCE,
-                ground_truth=str(ans),
-                extra_info={"index": i, "answer": solution, "question": q},
-            )
-        )
-    return rows
+    problems = [_word_problem(rng) for _ in range(n)]
+    return [
+        _user_row(f"{q} {GSM8K_SUFFIX}", ARITH_SOURCE, str(ans), {"index": i, "answer": work, "question": q})
+        for i, (q, work, ans) in enumerate(problems)
+    ]
 
 
 COUNTDOWN_PROMPT = (
@@ -107,20 +97,16 @@ def _countdown_problem(rng: random.Random) -> tuple[list[int], int, str]:
 
 def countdown_rows(n: int, seed: int) -> list[PromptRow]:
     rng = random.Random(f"countdown-{seed}")
-    rows = []
-    for i in range(n):
-        numbers, target, equation = _countdown_problem(rng)
-        rows.append(
-            PromptRow(
-                messages=(
-                    {"role": "user", "content": COUNTDOWN_PROMPT.format(numbers=numbers, target=target)},
-                ),
-                data_source=COUNTDOWN_SOURCE,
-                ground_truth=str(target),
-                extra_info={"index": i, "numbers": numbers, "answer": f"<answer>{equation}</answer>"},
-            )
-        )
-    return rows
+    problems = [_countdown_problem(rng) for _ in range(n)]
+    return [
+        _user_row(
+            COUNTDOWN_PROMPT.format(numbers=numbers, target=target),
+            COUNTDOWN_SOURCE,
+            str(target),
+            {"index": i, "numbers": numbers, "answer": f"<answer>{equation}</answer>"},
+        )  # fmt: skip
+        for i, (numbers, target, equation) in enumerate(problems)
+    ]
 
 
 TASKS: dict[str, Callable[[int, int], list[PromptRow]]] = {
