@@ -51,6 +51,14 @@ def _files(tmp: Path, tiny_dir: Path) -> None:
         "def hangs(*a):\n    time.sleep(60)\n"
         "def crashes(*a):\n    os._exit(7)\n"
     )
+    (tmp / "latin1.jsonl").write_bytes(json.dumps({**ROW, "prompt": "PLACEHOLDER"}).replace(
+        "PLACEHOLDER", "caf\u00e9").encode("latin-1"))  # fmt: skip
+    truncated = tmp / "truncated"
+    truncated.mkdir()
+    for f in tiny_dir.iterdir():
+        (truncated / f.name).write_bytes(f.read_bytes())
+    weights = truncated / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
     (tmp / "full").mkdir()
     (tmp / "full" / "keep.txt").write_text("mine")
     (tmp / "nockpt").mkdir()
@@ -128,6 +136,8 @@ CASES: dict[str, tuple[list[str], str]] = {
     "no rule for data_source": (["--set", "data.train_files=[unknown_source.jsonl]"], "no rule reward for data_source 'mine'"),
     # run directories
     "run dir not empty": (["--run-dir", "full"], "already exists and is not empty"),
+    "data not utf-8": (["--set", "data.train_files=[latin1.jsonl]"], "'latin1.jsonl' is not UTF-8 text (it holds the byte 0xe9)"),
+    "weights truncated": (["--set", "model.path=truncated"], "cannot read its weights (SafetensorError"),
 }  # fmt: skip
 RESUME_CASES = {
     "resume missing": (["--resume", "nowhere"], "no config.yaml there"),

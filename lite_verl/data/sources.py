@@ -132,16 +132,23 @@ def _load_file(path: Path, source: str, what: str) -> RawRows:
     with _quiet() as datasets:
         try:
             ds = datasets.load_dataset(FORMATS[path.suffix], data_files=str(path), split="train")
+            rows = ds.to_list()  # decodes the text: a file that is not UTF-8 fails here
         except Exception as e:  # noqa: BLE001 - pyarrow, pandas and datasets each raise their own types
             raise _unreadable(path, what, e) from None
-    if len(ds) == 0:
+    if not rows:
         raise DataError(f"{what}: {str(path)!r} holds no rows")
     jsonl = path.suffix == ".jsonl"
-    return RawRows(source, str(path), ds.to_list(), tuple(ds.column_names), range(len(ds)), jsonl)
+    return RawRows(source, str(path), rows, tuple(ds.column_names), range(len(ds)), jsonl)
 
 
 def _unreadable(path: Path, what: str, e: Exception) -> DataError:
-    """The error for a file datasets could not read: empty, a bad JSON line (named), or unreadable."""
+    """The error for a file datasets could not read: empty, not UTF-8, a bad JSON line (named), or unreadable."""
+    bad_text = next((x for x in (e, e.__cause__, e.__context__) if isinstance(x, UnicodeDecodeError)), None)
+    if bad_text is not None:
+        return DataError(
+            f"{what}: {str(path)!r} is not UTF-8 text (it holds the byte {bad_text.object[bad_text.start]:#04x}); "
+            "re-save it as UTF-8"
+        )
     if path.stat().st_size == 0 or (path.suffix != ".parquet" and not _has_data(path)):
         return DataError(f"{what}: {str(path)!r} holds no rows")
     if FORMATS[path.suffix] == "json":

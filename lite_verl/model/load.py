@@ -13,6 +13,8 @@ followers, the AWQ quantizer); resolving again (export, resume) finds the same c
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -119,6 +121,24 @@ def load_tokenizer(path: Path, trust_remote_code: bool = False):
     return tok
 
 
+@contextmanager
+def _readable_weights(path: Path) -> Iterator[None]:
+    """A truncated or corrupt weights file (safetensors' or torch's error, deep in from_pretrained) is one
+    line naming the model and the fix. Out-of-memory and the like pass through."""
+    from safetensors import SafetensorError
+
+    try:
+        yield
+    except (SafetensorError, OSError, EOFError, RuntimeError, ValueError) as e:
+        if isinstance(e, torch.OutOfMemoryError) or "out of memory" in str(e).lower():
+            raise
+        first = (str(e).strip().splitlines() or ["no message"])[0][:200]
+        raise ModelError(
+            f"model.path={str(path)!r}: cannot read its weights ({type(e).__name__}: {first}); the files are "
+            "truncated or corrupt: download or export them again"
+        ) from None
+
+
 def load_model(path: Path, cfg: ModelConfig, device: torch.device, nf4: bool = False):
     """The model in cfg.dtype on `device`; nf4=True (train.backend=qlora): every linear layer of the
     decoder stored as bitsandbytes 4-bit NF4 (double-quantized), computing in cfg.dtype; the LM head
@@ -128,9 +148,10 @@ def load_model(path: Path, cfg: ModelConfig, device: torch.device, nf4: bool = F
     from lite_verl.device import torch_dtype
 
     if not nf4:
-        model = AutoModelForCausalLM.from_pretrained(
-            path, dtype=torch_dtype(cfg.dtype), trust_remote_code=cfg.trust_remote_code
-        )
+        with _readable_weights(path):
+            model = AutoModelForCausalLM.from_pretrained(
+                path, dtype=torch_dtype(cfg.dtype), trust_remote_code=cfg.trust_remote_code
+            )
         return model.to(device)
     from transformers import BitsAndBytesConfig
 
@@ -138,10 +159,11 @@ def load_model(path: Path, cfg: ModelConfig, device: torch.device, nf4: bool = F
         load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True,
         bnb_4bit_compute_dtype=torch_dtype(cfg.dtype),
     )  # fmt: skip
-    model = AutoModelForCausalLM.from_pretrained(
-        path, dtype=torch_dtype(cfg.dtype), quantization_config=quant, device_map={"": str(device)},
-        trust_remote_code=cfg.trust_remote_code,
-    )  # fmt: skip
+    with _readable_weights(path):
+        model = AutoModelForCausalLM.from_pretrained(
+            path, dtype=torch_dtype(cfg.dtype), quantization_config=quant, device_map={"": str(device)},
+            trust_remote_code=cfg.trust_remote_code,
+        )  # fmt: skip
     # On a CPU, bitsandbytes repacks a 4-bit weight into an inference-only layout at its first eval
     # forward, after which training through that layer fails; lite-verl generates and trains with the
     # same layers, so that repacking is turned off.
