@@ -128,14 +128,24 @@ def score_prompts(
     return score(session, list(range(len(prompts))), prompts, texts, sampling.n)
 
 
+CORRECT = 1.0  # a reward at least this counts as a right answer (what the rule rewards give one)
+
+
 def validate(session: Session, step: int) -> dict[str, float]:
-    """Greedy, one response per held-out prompt; the mean score."""
+    """Greedy, one response per held-out prompt: the mean reward and the accuracy (reward >= CORRECT),
+    and each per data_source when there are several (as `lite-verl eval` reports them)."""
     val = session.val_set
     if not len(val):
         return {}
     sampling = SamplingSettings(n=1, temperature=0.0, max_new_tokens=session.cfg.rollout.max_new_tokens)
     scores = score_prompts(session, val, sampling, step_seed(session.cfg.trainer.seed, -1))
-    return {"val/reward_mean": float(scores.mean())}
+    out = {"val/reward_mean": float(scores.mean()), "val/acc": float((scores >= CORRECT).float().mean())}
+    sources = sorted({row.data_source for row in val.rows})
+    for source in sources if len(sources) > 1 else []:
+        mine = scores[[i for i, row in enumerate(val.rows) if row.data_source == source]]
+        out[f"val/{source}/reward_mean"] = float(mine.mean())
+        out[f"val/{source}/acc"] = float((mine >= CORRECT).float().mean())
+    return out
 
 
 def _greedy_baselines(session: Session, rows_idx: list[int]) -> torch.Tensor:
@@ -375,6 +385,8 @@ def _finish(session: Session, run: RunDir, ledger: Ledger) -> dict[str, Any]:
         "reward_last_10pct": sum(m["reward/mean"] for m in rows[-k:]) / k if rows else None,
         "val_reward_start": vals[0]["val/reward_mean"] if vals else None,
         "val_reward_end": vals[-1]["val/reward_mean"] if vals else None,
+        "val_acc_start": vals[0].get("val/acc") if vals else None,
+        "val_acc_end": vals[-1].get("val/acc") if vals else None,
         "tokens_per_s": sum(m["perf/tokens_per_s"] for m in rows) / len(rows) if rows else None,
         "train_peak_gib": max((m.get("perf/train_peak_gib", 0.0) for m in rows), default=0.0),
         "host_peak_gib": host_peak_gib(),  # this process (controller + rank-0 trainer): offloaded state lives here

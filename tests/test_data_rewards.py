@@ -138,3 +138,33 @@ def test_convert_real_gsm8k(tmp_path):
     assert all(
         default_compute_score(r.data_source, r.extra_info["answer"], r.ground_truth) == 1.0 for r in rows
     )
+
+
+def test_validation_reports_accuracy_and_each_data_source(tmp_path):
+    """Greedy validation as `lite-verl eval` reports it: mean reward, accuracy, and per data_source."""
+    import json
+
+    from conftest import SMALL
+
+    from lite_verl.config import load_config
+    from lite_verl.loop import prepare, validate
+
+    rows = [{"prompt": f"Repeat the letter {c}.", "data_source": src, "reward_model": {"ground_truth": c}}
+            for c, src in (("a", "lite_verl/echo"), ("b", "lite_verl/echo"), ("c", "lite_verl/arithmetic"))]  # fmt: skip
+    data = tmp_path / "val.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    session = prepare(load_config("laptop", None, [*SMALL, f"data.val_files=[{data}]", "data.val_size=3"]))
+    try:
+        out = validate(session, 0)
+    finally:
+        session.close()
+    for key in (
+        "val/reward_mean",
+        "val/acc",
+        "val/lite_verl/echo/acc",
+        "val/lite_verl/arithmetic/reward_mean",
+    ):
+        assert key in out and 0.0 <= out[key] <= 1.0, key
+    # the overall mean is the prompt-weighted mean of the sources'
+    both = (2 * out["val/lite_verl/echo/reward_mean"] + out["val/lite_verl/arithmetic/reward_mean"]) / 3
+    assert abs(out["val/reward_mean"] - both) < 1e-6

@@ -176,5 +176,7 @@ def test_recipes_command_and_a_short_recipe_run_on_the_laptop(tmp_path):
     assert cfg["recipe"] == "countdown" and cfg["data"]["task"] == "countdown" and cfg["train"]["lr"] == 2e-4
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows if "val/reward_mean" in r] == [2]  # none before training
+    val = next(r for r in rows if "val/reward_mean" in r)
+    assert 0.0 <= val["val/acc"] <= val["val/reward_mean"] + 1e-9  # rewards in {0, 0.1, 1}: acc <= mean
     assert all(0.0 <= r["reward/mean"] <= 1.0 for r in rows if "reward/mean" in r)
     assert Path(run / "summary.json").is_file()
