@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
-import shutil
 import sys
 import warnings
 from pathlib import Path
@@ -31,6 +30,7 @@ from lite_verl.errors import UserError
 
 if TYPE_CHECKING:
     from lite_verl.config import Config
+    from lite_verl.run.rundir import RunDir
     from lite_verl.tools.auto import Gpu
     from lite_verl.tools.plan import Shape
 
@@ -274,52 +274,68 @@ def _quiet_libraries() -> None:
 def cmd_train(args: argparse.Namespace) -> int:
     from lite_verl.config.validation import check_environment
     from lite_verl.loop import prepare, run_training
-    from lite_verl.run.rundir import RunDir, default_run_dir, load_run_config
+    from lite_verl.run.rundir import RunDir, default_run_dir
 
     if args.resume:
         if args.config or args.run_dir:
             raise UserError(
                 "--resume takes its config and run directory from RUN_DIR; drop --config/--run-dir"
             )
-        cfg = load_run_config(Path(args.resume), args.sets)
-        check_environment(cfg)
-        run = RunDir(Path(args.resume))
-        session = prepare(cfg)
-        run.write_config(cfg)  # --set may extend trainer.total_steps
-        run_training(session, run, resume=True)
-        return 0
+        return _resume_run(Path(args.resume), args.sets)
     cfg, gpus = _load(args)
     check_environment(cfg)
     _check_plan(cfg, gpus)
-    path = Path(args.run_dir) if args.run_dir else default_run_dir(cfg.preset, cfg.recipe)
-    if path.exists() and any(path.iterdir()):
-        raise UserError(
-            f"--run-dir {path} already exists and is not empty; pick another or use --resume {path}"
-        )
+    run = RunDir(Path(args.run_dir) if args.run_dir else default_run_dir(cfg.preset, cfg.recipe))
+    run.check_new()  # absent or empty, and no other process's
     session = prepare(cfg)  # everything that can fail on bad input fails here, before the run dir exists
-    run = RunDir(path)
-    run.create(cfg)
     try:
-        run_training(session, run)
-    except BaseException as e:
-        _after_failure(path, run.latest_checkpoint() is not None, e)
+        lock = run.create(cfg)  # a process that took the directory meanwhile: refused, nothing written
+    except BaseException:
+        session.close()
         raise
+    with lock:
+        try:
+            run_training(session, run)
+        except BaseException as e:
+            _after_failure(run, run.latest_checkpoint() is not None, e)
+            raise
     return 0
 
 
-def _after_failure(path: Path, checkpoint: bool, error: BaseException) -> None:
+def _resume_run(path: Path, sets: list[str]) -> int:
+    """--resume RUN: own the run, check what --set changes (run/resume.py), record it, continue."""
+    from lite_verl.config.validation import check_environment
+    from lite_verl.loop import prepare, run_training
+    from lite_verl.run.resume import resume_config
+    from lite_verl.run.rundir import RunDir, run_config_file
+
+    run_config_file(path)  # not a run directory: say so before a lock file is put there
+    run = RunDir(path)
+    with run.lock():  # held elsewhere: one line naming the holder, nothing written
+        cfg, changes = resume_config(path, sets)
+        check_environment(cfg)
+        session = prepare(cfg)
+        if changes:
+            ckpt = run.latest_checkpoint(quiet=True)  # the loop warns about a damaged one
+            run.append_history(changes, int(ckpt.name.split("_")[-1]) if ckpt else None)
+        run_training(session, run, resume=True)
+    return 0
+
+
+def _after_failure(run: RunDir, checkpoint: bool, error: BaseException) -> None:
     """A run that stopped with an error: with a checkpoint, say how to resume; with finished steps but no
     checkpoint, keep its metrics and logs and write RUN/FAILED (what stopped it); with nothing done, leave
-    no run directory behind."""
+    no run directory behind (an existing empty one given as --run-dir is left empty)."""
     from lite_verl.run.files import atomic_write_text
     from lite_verl.run.rundir import read_metrics
 
+    path = run.path
     if checkpoint:
         print(f"lite-verl: resume with: lite-verl train --resume {path}", file=sys.stderr)
         return
     steps = [m["step"] for m in read_metrics(path) if "reward/mean" in m]
     if not steps:
-        shutil.rmtree(path, ignore_errors=True)
+        run.discard()
         return
     why = f"{type(error).__name__}: {error}".strip().rstrip(":")
     atomic_write_text(path / "FAILED", f"stopped after step {int(max(steps))} with no checkpoint: {why}\n")
@@ -488,7 +504,10 @@ def _load_source(args: argparse.Namespace):
                 f"RUN_OR_CONFIG {path}: a directory without config.yaml; give a run directory made by "
                 "lite-verl train, or a YAML config file"
             )
-        cfg = load_config(args.preset, str(path / "config.yaml"), args.sets, recipe=args.recipe)
+        from lite_verl.run.rundir import run_config_layer
+
+        layer = run_config_layer(path)  # config.yaml with the changes its resumes made
+        cfg = load_config(args.preset, layer, args.sets, recipe=args.recipe)
         return cfg, path.absolute().name, path
     if not path.exists():
         raise UserError(

@@ -82,7 +82,7 @@ def read_yaml(path: str | Path, what: str) -> dict[str, Any]:
 
 def load_config(
     preset: str | None = None,
-    config_file: str | None = None,
+    config_file: str | Mapping[str, Any] | None = None,
     overrides: Sequence[str] = (),
     *,
     recipe: str | None = None,
@@ -92,10 +92,14 @@ def load_config(
     """Resolve the layers into a validated Config. Raises ConfigError with a one-line message.
 
     No `preset`: the one the config file names (a resolved run config records it), else laptop; the same
-    for `recipe`, else none. `machine` goes between the preset and the config file; `recorded_as` is the
-    config's `preset` key (default: the preset's name).
+    for `recipe`, else none. `config_file` may be the file's mapping, already read (a run's config with the
+    changes its resumes made: run/rundir.py). `machine` goes between the preset and the config file;
+    `recorded_as` is the config's `preset` key (default: the preset's name).
     """
-    user = read_yaml(config_file, "config file") if config_file else {}
+    if isinstance(config_file, Mapping):
+        user = dict(config_file)
+    else:
+        user = read_yaml(config_file, "config file") if config_file else {}
     # a resolved run config names its preset and recipe; --preset / --recipe on the command line win
     preset = preset or user.get("preset") or DEFAULT_PRESET
     recipe = recipe or user.get("recipe") or ""

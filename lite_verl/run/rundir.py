@@ -1,6 +1,8 @@
 """The run directory: resolved config, environment, metrics, checkpoints, report.
 
-    RUN/config.yaml          resolved config; `lite-verl train --config RUN/config.yaml` re-runs it
+    RUN/config.yaml          resolved config as the run started; `lite-verl train --config` it to re-run
+    RUN/config_history.jsonl what each --resume --set changed: {time, step, changes: {key: {old, new}}}
+    RUN/.lock                held by the process that owns the run (run/lock.py); names it
     RUN/env.json             package versions, devices, git commit, command line, the model's source
     RUN/metrics.jsonl        one JSON object per step (and per validation)
     RUN/tb/                  TensorBoard events
@@ -8,7 +10,9 @@
     RUN/summary.json         final numbers and the bill
 
 Every file is written atomically (temp file, fsync, rename); a checkpoint directory appears only
-when complete.
+when complete, and its state.json lists its files with their sizes, so that one damaged afterwards
+(a truncated or missing file) is skipped for the one before it. The run's config is config.yaml with
+config_history.jsonl's changes applied in order (load_run_config).
 """
 
 from __future__ import annotations
@@ -29,9 +33,12 @@ from typing import Any
 import torch
 import yaml
 
-from lite_verl.config import Config, load_config, to_dict
+from lite_verl.config import Config, load_config, read_yaml, to_dict
 from lite_verl.errors import UserError
 from lite_verl.run.files import atomic_directory, atomic_write_text
+from lite_verl.run.lock import LOCK_NAME, RunLock
+
+HISTORY = "config_history.jsonl"
 
 
 def default_run_dir(preset: str, recipe: str = "") -> Path:
@@ -82,31 +89,96 @@ def environment() -> dict[str, Any]:
 class RunDir:
     def __init__(self, path: Path) -> None:
         self.path = Path(path).absolute()
+        self.made = False  # create() made the directory (else it was there, empty)
 
     @property
     def checkpoints(self) -> Path:
         return self.path / "checkpoints"
 
-    def create(self, cfg: Config) -> None:
-        self.path.mkdir(parents=True, exist_ok=False)
-        self.write_config(cfg)
-        from lite_verl.model.load import model_provenance
+    def lock(self) -> RunLock:
+        """The run's ownership lock, not yet taken: `with run.lock():` around a resume."""
+        return RunLock(self.path)
 
-        env = {**environment(), "model": model_provenance(cfg.model)}  # a Hub id's commit: rerun exactly it
-        atomic_write_text(self.path / "env.json", json.dumps(env, indent=2))
+    def check_new(self) -> None:
+        """Before a new run prepares anything: the directory is absent or empty, and nobody holds it."""
+        if not self.path.exists():
+            return
+        if not self.path.is_dir():
+            raise UserError(f"--run-dir {self.path} is a file; give a directory that is absent or empty")
+        if self._has_content():
+            self.lock().check_free()  # a run in progress: say whose
+            path = self.path
+            raise UserError(
+                f"--run-dir {path} already exists and is not empty; pick another or use --resume {path}"
+            )
+
+    def _has_content(self) -> bool:
+        return any(p.name != LOCK_NAME for p in self.path.iterdir())
+
+    def create(self, cfg: Config) -> RunLock:
+        """Make the directory (an existing empty one will do), take its lock, write config.yaml and env.json.
+        -> the held lock: release it (or `with` it) when the run ends."""
+        self.made = not self.path.exists()
+        self.path.mkdir(parents=True, exist_ok=True)
+        lock = self.lock().acquire()  # another process that got here first: RunDirBusy, nothing written
+        try:
+            if self._has_content():  # filled since check_new, by a run that has ended already
+                self.made = False
+                raise UserError(f"--run-dir {self.path} is no longer empty; pick another")
+            self.write_config(cfg)
+            from lite_verl.model.load import model_provenance
+
+            # the model's source: a Hub id's commit, to rerun exactly it
+            env = {**environment(), "model": model_provenance(cfg.model)}
+            atomic_write_text(self.path / "env.json", json.dumps(env, indent=2))
+        except BaseException:
+            lock.release()
+            raise
+        return lock
+
+    def discard(self) -> None:
+        """Remove what this run wrote: the directory if create() made it, else only its contents."""
+        if self.made:
+            shutil.rmtree(self.path, ignore_errors=True)
+            return
+        for p in self.path.iterdir():
+            if p.is_dir() and not p.is_symlink():
+                shutil.rmtree(p, ignore_errors=True)
+            else:
+                p.unlink(missing_ok=True)
 
     def write_config(self, cfg: Config) -> None:
         header = "# Resolved lite-verl config. Re-run: lite-verl train --config <this file>\n"
         atomic_write_text(self.path / "config.yaml", header + yaml.safe_dump(to_dict(cfg), sort_keys=False))
 
+    def append_history(self, changes: dict[str, tuple[Any, Any]], step: int | None) -> None:
+        """One row of config_history.jsonl: what a resume from checkpoint `step` changed (config.yaml stays
+        as the run started)."""
+        row = {
+            "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            "step": step,
+            "changes": {k: {"old": old, "new": new} for k, (old, new) in changes.items()},
+        }
+        with (self.path / HISTORY).open("a") as f:
+            f.write(json.dumps(row) + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+
     # --- checkpoints -----------------------------------------------------------------------------
-    def latest_checkpoint(self) -> Path | None:
-        """The newest complete checkpoint. Only reads: `eval`, `export` and `report` may look at a run
+    def latest_checkpoint(self, quiet: bool = False) -> Path | None:
+        """The newest complete checkpoint; a damaged one (checkpoint_problem) is skipped, with a warning
+        unless `quiet`, for the one before it. Only reads: `eval`, `export` and `report` may look at a run
         that is still saving (its temp dir .step_* is not a checkpoint)."""
         if not self.checkpoints.is_dir():
             return None
-        done = sorted(p for p in self.checkpoints.glob("step_*") if (p / "state.json").is_file())
-        return done[-1] if done else None
+        for ckpt in sorted((p for p in self.checkpoints.glob("step_*") if p.is_dir()), reverse=True):
+            problem = checkpoint_problem(ckpt)
+            if not problem:
+                return ckpt
+            if not quiet:
+                warning = f"lite-verl: warning: skipping checkpoint {ckpt}: {problem}; using an earlier one"
+                print(warning, file=sys.stderr)
+        return None
 
     def remove_stale_saves(self) -> None:
         """Temp dirs of a save that was interrupted (.step_*): called by the process that owns the run."""
@@ -120,7 +192,9 @@ class RunDir:
             with atomic_directory(final) as tmp:
                 backend.save(tmp)
                 torch.save(rng_state(), tmp / "rng.pt")
-                atomic_write_text(tmp / "state.json", json.dumps({"step": step, **state}, indent=2))
+                files = {str(p.relative_to(tmp)): p.stat().st_size for p in tmp.rglob("*") if p.is_file()}
+                state = {"step": step, **state, "files": files}  # what checkpoint_problem checks
+                atomic_write_text(tmp / "state.json", json.dumps(state, indent=2))
         except (OSError, RuntimeError) as e:  # a full disk: torch.save says "unexpected pos ..."
             free = shutil.disk_usage(self.checkpoints).free / 2**30
             reason = (str(e).strip().splitlines() or [type(e).__name__])[-1][:200]
@@ -133,6 +207,27 @@ class RunDir:
         for old in done[:-keep]:
             shutil.rmtree(old, ignore_errors=True)
         return final
+
+
+def checkpoint_problem(ckpt: Path) -> str:
+    """Why `ckpt` cannot be resumed from, or '' when it can: state.json unreadable, or a file it lists
+    missing or of another size (a truncated write, a deleted file). Sizes only: a flipped byte passes."""
+    try:
+        state = json.loads((ckpt / "state.json").read_text())
+        int(state["step"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return "its state.json is missing or unreadable"
+    files = state.get("files")
+    if not isinstance(files, dict):  # written before checkpoints listed their files
+        return "" if (ckpt / "rng.pt").is_file() else "its rng.pt is missing"
+    for name, size in files.items():
+        try:
+            actual = (ckpt / name).stat().st_size
+        except OSError:
+            return f"its {name} is missing"
+        if actual != size:
+            return f"its {name} has {actual} bytes, not the {size} written"
+    return ""
 
 
 def rng_state() -> dict[str, Any]:
@@ -217,11 +312,41 @@ def read_metrics(run: Path) -> list[dict[str, Any]]:
     return rows
 
 
-def load_run_config(run_dir: Path, overrides: list[str]) -> Config:
-    """RUN/config.yaml with --set overrides (resume, report, export)."""
+def run_config_file(run_dir: Path) -> Path:
+    """RUN/config.yaml; a directory without one is not a run."""
     cfg_file = Path(run_dir) / "config.yaml"
     if not cfg_file.is_file():
         raise UserError(
             f"--resume {run_dir}: no config.yaml there; give a run directory made by lite-verl train"
         )
-    return load_config(None, str(cfg_file), overrides)
+    return cfg_file
+
+
+def read_history(run_dir: Path) -> list[dict[str, Any]]:
+    """Rows of config_history.jsonl, oldest first; a last line cut short by a kill is skipped."""
+    f = Path(run_dir) / HISTORY
+    rows = []
+    for line in f.read_text().splitlines() if f.is_file() else []:
+        with contextlib.suppress(json.JSONDecodeError):
+            row = json.loads(line)
+            if isinstance(row, dict) and isinstance(row.get("changes"), dict):
+                rows.append(row)
+    return rows
+
+
+def run_config_layer(run_dir: Path) -> dict[str, Any]:
+    """RUN/config.yaml as a config layer, with the changes of config_history.jsonl applied in order."""
+    data = read_yaml(run_config_file(run_dir), "config file")
+    for row in read_history(run_dir):
+        for key, change in row["changes"].items():
+            *sections, name = key.split(".")
+            node = data
+            for s in sections:
+                node = node.setdefault(s, {})
+            node[name] = change["new"]
+    return data
+
+
+def load_run_config(run_dir: Path, overrides: list[str]) -> Config:
+    """The run's config (config.yaml + config_history.jsonl) with --set overrides (resume, report, export)."""
+    return load_config(None, run_config_layer(run_dir), overrides)
