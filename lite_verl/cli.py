@@ -288,11 +288,19 @@ def cmd_train(args: argparse.Namespace) -> int:
     run = RunDir(Path(args.run_dir) if args.run_dir else default_run_dir(cfg.preset, cfg.recipe))
     run.check_new()  # absent or empty, and no other process's
     session = prepare(cfg)  # everything that can fail on bad input fails here, before the run dir exists
+    from lite_verl.run.signals import Interrupted, StopRequest
+
     try:
-        lock = run.create(cfg)  # a process that took the directory meanwhile: refused, nothing written
+        with StopRequest() as stop:  # a signal while the directory is made is acted on once it is whole
+            lock = run.create(cfg)  # a process that took the directory meanwhile: refused, nothing written
     except BaseException:
         session.close()
         raise
+    if stop.signum is not None:  # nothing trained yet: leave no run directory
+        with lock:
+            run.discard()
+        session.close()
+        raise Interrupted(stop.signum, 0, False)
     with lock:
         try:
             run_training(session, run)
