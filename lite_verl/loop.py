@@ -307,24 +307,35 @@ def run_training(session: Session, run: RunDir, resume: bool = False) -> dict[st
     ledger = Ledger.from_config(cfg)
     session.scorer.bill_to(ledger)  # a reward model's device is billed while the model is loaded
     start, consumed = _resume(session, run, ledger) if resume else (1, 0)
-    log = MetricsLog(run.path, tr.tensorboard, resume_step=start - 1 if resume else None)
+    try:
+        log = MetricsLog(run.path, cfg, resume_step=start - 1 if resume else None)  # trainer.loggers
+    except BaseException:  # a tracker that cannot start its run
+        session.close()
+        raise
     sampler = PromptSampler(len(session.train_set), tr.batch_size, tr.seed, cfg.data.shuffle, consumed)
-    if not resume and cfg.data.val_size and tr.val_before_train:
-        log.log(0, validate(session, 0))
-    progress = Progress(tr.total_steps, start - 1, enabled=tr.progress)
+    progress = Progress(tr.total_steps, start - 1, enabled=tr.progress and log.console)
     stop = (
         StopRequest()
     )  # from here a signal finishes the step in flight (before: lite-verl's cli stops at once)
     try:
+        if not resume and cfg.data.val_size and tr.val_before_train:
+            log.log(0, validate(session, 0))
         with stop:
             _steps(session, run, sampler, ledger, log, progress, start, stop)
             if cfg.data.val_size:  # a signal now lets the finished run validate and end normally
                 log.log(tr.total_steps, validate(session, tr.total_steps))
+    except BaseException:
+        log.close(failed=True)  # the trackers are finished on every exit path
+        raise
     finally:
         progress.close()
-        log.close()
         session.close()
-    return _finish(session, run, ledger)
+    summary: dict[str, Any] = {}
+    try:
+        summary = _finish(session, run, ledger)
+    finally:
+        log.close(summary)
+    return summary
 
 
 def _steps(

@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import functools
+import types
 import typing
 from collections.abc import Sequence
 from typing import Any, Literal
@@ -46,7 +47,9 @@ def all_keys(cls: type = Config, prefix: str = "") -> list[str]:
 
 
 def choices(tp: Any) -> tuple[Any, ...]:
-    """The allowed values of a `Literal` type (empty for any other type)."""
+    """The allowed values of a `Literal` type, or of the items of a tuple of one (empty for any other type)."""
+    if typing.get_origin(tp) is tuple:
+        return choices(typing.get_args(tp)[0])
     return typing.get_args(tp) if typing.get_origin(tp) is Literal else ()
 
 
@@ -103,6 +106,8 @@ def not_one_of(key: str, value: object, allowed: Sequence[str]) -> ConfigError:
 
 def _type_name(tp: Any) -> str:
     origin = typing.get_origin(tp)
+    if _optional(tp) is not None:
+        return f"{_type_name(_optional(tp))} or null"
     if origin is tuple:
         return f"list of {_type_name(typing.get_args(tp)[0])}"
     if origin is dict:
@@ -111,6 +116,14 @@ def _type_name(tp: Any) -> str:
     if dataclasses.is_dataclass(tp):
         return f"mapping with keys {', '.join(_hints(typing.cast(type, tp)))}"
     return getattr(tp, "__name__", str(tp))
+
+
+def _optional(tp: Any) -> Any:
+    """T for `T | None` (a key that may be null), else None."""
+    args = typing.get_args(tp)
+    if typing.get_origin(tp) in (typing.Union, types.UnionType) and len(args) == 2 and type(None) in args:
+        return next(a for a in args if a is not type(None))
+    return None
 
 
 def _coerce_choice(key: str, value: Any, allowed: tuple[Any, ...]) -> Any:
@@ -128,6 +141,8 @@ def _coerce(key: str, value: Any, tp: Any) -> Any:
         f"{key} must be a {_type_name(tp)}, got {value!r} ({type(value).__name__}); fix it in the config"
     )
     origin = typing.get_origin(tp)
+    if _optional(tp) is not None:
+        return None if value is None else _coerce(key, value, _optional(tp))
     if origin is Literal:
         return _coerce_choice(key, value, typing.get_args(tp))
     if origin is tuple:

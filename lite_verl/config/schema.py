@@ -33,6 +33,8 @@ KlControl = Literal["fixed", "adaptive"]
 LossAggMode = Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"]
 RolloutCorrection = Literal["auto", "none", "token", "sequence"]
 OnError = Literal["raise", "default"]
+# where each step's metrics go (run/trackers.py); wandb, mlflow and trackio need their extra installed
+Logger = Literal["console", "jsonl", "tensorboard", "wandb", "mlflow", "trackio"]
 SyncMode = Literal["adapter", "merged"]
 
 BACKENDS: tuple[Backend, ...] = get_args(Backend)
@@ -345,7 +347,15 @@ class TrainerConfig:
         0, "validate every N steps (0 = never; the run still validates at the end if val_size>0)"
     )
     val_before_train: bool = key(True, "validate before the first step (when data.val_size > 0)")
-    tensorboard: bool = key(True, "also write TensorBoard events next to metrics.jsonl")
+    loggers: tuple[Logger, ...] = key(
+        ("console", "jsonl", "tensorboard"),
+        "where metrics go: console (progress bar), jsonl (RUN/metrics.jsonl: required, the summary, report "
+        "and resume read it), tensorboard (RUN/tb), wandb, mlflow, trackio (pip install 'lite-verl[wandb]' etc.)",
+    )
+    tensorboard: bool | None = key(
+        None,
+        "old switch, kept: true adds tensorboard to trainer.loggers, false removes it, null = as loggers say",
+    )
     progress: bool = key(True, "show a progress bar")
     plan_check: bool = key(
         True,

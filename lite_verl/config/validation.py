@@ -67,8 +67,14 @@ def _check_choices(cfg: Config) -> None:
     for key, tp in key_types():
         allowed = choices(tp)
         value = functools.reduce(getattr, key.split("."), cfg)
-        if allowed and value not in allowed:
-            raise not_one_of(key, value, allowed)
+        for v in value if isinstance(value, tuple) else (value,):  # a list of choices: each item
+            if allowed and v not in allowed:
+                raise not_one_of(key, v, allowed)
+    if "jsonl" not in cfg.trainer.loggers:
+        raise ConfigError(
+            "trainer.loggers must include jsonl: the summary, `lite-verl report` and --resume read "
+            "RUN/metrics.jsonl; add the others next to it, e.g. [console, jsonl, wandb]"
+        )
 
 
 def _check_model_data(cfg: Config) -> None:
@@ -430,6 +436,9 @@ def check_environment(cfg: Config) -> None:
                 f"the config uses GPU id(s) {missing} but this machine has {have}; "
                 f"use --preset laptop or fix rollout.gpus / train.gpus / reward.device"
             )
+    from lite_verl.run.trackers import require_trackers
+
+    require_trackers(cfg.trainer)  # trainer.loggers=[..., wandb]: its package, before the run dir exists
     if cfg.rollout.engine == "vllm" and importlib.util.find_spec("vllm") is None:
         raise MissingDependency("vllm", "vllm", "rollout.engine=vllm")
     needs = {"qlora": ("bitsandbytes", "qlora"), "deepspeed": ("deepspeed", "deepspeed")}

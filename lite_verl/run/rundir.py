@@ -6,6 +6,7 @@
     RUN/env.json             package versions, devices, git commit, command line, the model's source
     RUN/metrics.jsonl        one JSON object per step (and per validation)
     RUN/tb/                  TensorBoard events
+    RUN/trackers.json        run ids of wandb / mlflow / trackio (trainer.loggers): a resume continues them
     RUN/checkpoints/step_N/  adapter, optimizer.pt, state.json (step, data position, RNG states)
     RUN/summary.json         final numbers and the bill
 
@@ -19,7 +20,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import math
 import os
 import platform
 import random
@@ -254,9 +254,10 @@ def set_rng_state(state: dict[str, Any]) -> None:
 
 
 class MetricsLog:
-    """metrics.jsonl (+ TensorBoard). On resume, rows after the checkpoint's step are dropped."""
+    """metrics.jsonl, and each row to the trackers of trainer.loggers (run/trackers.py). On resume, rows after
+    the checkpoint's step are dropped."""
 
-    def __init__(self, run: Path, tensorboard: bool, resume_step: int | None = None) -> None:
+    def __init__(self, run: Path, cfg: Config, resume_step: int | None = None) -> None:
         self.file = run / "metrics.jsonl"
         if resume_step is not None and self.file.exists():
             # rows after the checkpoint are redone; a row cut short by a kill is dropped
@@ -266,14 +267,10 @@ class MetricsLog:
                 if _step_of(line, resume_step + 1) <= resume_step
             ]
             atomic_write_text(self.file, "".join(line + "\n" for line in kept))
-        self.tb = None
-        if tensorboard:
-            try:
-                from tensorboardX import SummaryWriter
+        from lite_verl.run.trackers import Trackers, logger_names
 
-                self.tb = SummaryWriter(str(run / "tb"))
-            except ImportError:  # pragma: no cover - a core dependency
-                self.tb = None
+        self.console = "console" in logger_names(cfg.trainer)
+        self.trackers = Trackers(run, logger_names(cfg.trainer), to_dict(cfg))
 
     def log(self, step: int, metrics: dict[str, float]) -> None:
         row = {"step": step, **{k: (round(v, 6) if isinstance(v, float) else v) for k, v in metrics.items()}}
@@ -281,14 +278,13 @@ class MetricsLog:
             f.write(json.dumps(row) + "\n")
             f.flush()
             os.fsync(f.fileno())
-        if self.tb is not None:
-            for k, v in metrics.items():
-                if isinstance(v, (int, float)) and math.isfinite(v):
-                    self.tb.add_scalar(k, v, step)
+        self.trackers.log(step, metrics)
 
-    def close(self) -> None:
-        if self.tb is not None:
-            self.tb.close()
+    def close(self, summary: dict[str, Any] | None = None, failed: bool = False) -> None:
+        """Finish the trackers (every exit path), the run's summary logged first."""
+        if summary is not None:
+            self.trackers.log_summary(summary)
+        self.trackers.finish(failed)
 
 
 def _step_of(line: str, default: int) -> int:

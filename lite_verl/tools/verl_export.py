@@ -24,6 +24,7 @@ from dataclasses import dataclass
 
 from lite_verl.config import Config
 from lite_verl.errors import UserError
+from lite_verl.run.trackers import logger_names
 
 ACTOR = "actor_rollout_ref.actor."
 REF = "actor_rollout_ref.ref."
@@ -31,6 +32,7 @@ ROLLOUT = "actor_rollout_ref.rollout."
 MODEL = "actor_rollout_ref.model."
 VERL_RULE_SOURCES = ("openai/gsm8k",)  # data sources whose rule reward verl and lite-verl share
 # model.dtype -> FSDP's mixed-precision param dtype (verl computes in bf16 unless told)
+VERL_LOGGERS = ("console", "tensorboard", "wandb", "mlflow", "trackio")  # trainer.loggers verl also has
 MIXED_PRECISION = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}
 
 
@@ -507,7 +509,7 @@ def _trainer(cfg: Config, inp: Inputs, layout: Layout) -> list[Item]:
         Override("trainer.max_actor_ckpt_to_keep", tr.keep_checkpoints),
         Override("trainer.test_freq", (tr.val_every or tr.total_steps) if val else -1),
         Override("trainer.val_before_train", val),
-        Override("trainer.logger", ("console", "tensorboard") if tr.tensorboard else ("console",)),
+        Override("trainer.logger", tuple(n for n in logger_names(tr) if n in VERL_LOGGERS)),
         Override("trainer.project_name", "lite-verl"),
         Override("trainer.experiment_name", inp.name),
         Override("trainer.default_local_dir", InExport("checkpoints")),
