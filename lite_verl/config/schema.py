@@ -345,6 +345,13 @@ class TrainerConfig:
         0, "validate every N steps (0 = never; the run still validates at the end if val_size>0)"
     )
     val_before_train: bool = key(True, "validate before the first step (when data.val_size > 0)")
+    samples_every: int = key(
+        10,
+        "write a few of the step's completions to RUN/samples.jsonl every N steps and at the last (0 = off)",
+    )
+    samples_per_step: int = key(
+        8, "completions per sampled step: the best, the worst and evenly spaced between"
+    )
     tensorboard: bool = key(True, "also write TensorBoard events next to metrics.jsonl")
     progress: bool = key(True, "show a progress bar")
     plan_check: bool = key(

@@ -3,6 +3,7 @@
     RUN/config.yaml          resolved config; `lite-verl train --config RUN/config.yaml` re-runs it
     RUN/env.json             package versions, devices, git commit, command line, the model's source
     RUN/metrics.jsonl        one JSON object per step (and per validation)
+    RUN/samples.jsonl        a few completions every trainer.samples_every steps (run/samples.py)
     RUN/tb/                  TensorBoard events
     RUN/checkpoints/step_N/  adapter, optimizer.pt, state.json (step, data position, RNG states)
     RUN/summary.json         final numbers and the bill
@@ -163,14 +164,8 @@ class MetricsLog:
 
     def __init__(self, run: Path, tensorboard: bool, resume_step: int | None = None) -> None:
         self.file = run / "metrics.jsonl"
-        if resume_step is not None and self.file.exists():
-            # rows after the checkpoint are redone; a row cut short by a kill is dropped
-            kept = [
-                line
-                for line in self.file.read_text().splitlines()
-                if _step_of(line, resume_step + 1) <= resume_step
-            ]
-            atomic_write_text(self.file, "".join(line + "\n" for line in kept))
+        if resume_step is not None:
+            drop_rows_after(self.file, resume_step)
         self.tb = None
         if tensorboard:
             try:
@@ -194,6 +189,14 @@ class MetricsLog:
     def close(self) -> None:
         if self.tb is not None:
             self.tb.close()
+
+
+def drop_rows_after(file: Path, step: int) -> None:
+    """Resume: a JSON-lines file (metrics.jsonl, samples.jsonl) keeps its rows up to `step`; rows after
+    the checkpoint are redone, and a row cut short by a kill is dropped."""
+    if file.exists():
+        kept = [line for line in file.read_text().splitlines() if _step_of(line, step + 1) <= step]
+        atomic_write_text(file, "".join(line + "\n" for line in kept))
 
 
 def _step_of(line: str, default: int) -> int:
