@@ -17,7 +17,6 @@ from __future__ import annotations
 import contextlib
 import json
 import math
-import os
 import platform
 import random
 import shutil
@@ -32,7 +31,7 @@ import yaml
 
 from lite_verl.config import Config, load_config, to_dict
 from lite_verl.errors import UserError
-from lite_verl.run.files import atomic_directory, atomic_write_text
+from lite_verl.run.files import append_jsonl, atomic_directory, atomic_write_text, drop_rows_after, read_jsonl
 
 
 def default_run_dir(preset: str, recipe: str = "") -> Path:
@@ -177,10 +176,7 @@ class MetricsLog:
 
     def log(self, step: int, metrics: dict[str, float]) -> None:
         row = {"step": step, **{k: (round(v, 6) if isinstance(v, float) else v) for k, v in metrics.items()}}
-        with self.file.open("a") as f:
-            f.write(json.dumps(row) + "\n")
-            f.flush()
-            os.fsync(f.fileno())
+        append_jsonl(self.file, [row])
         if self.tb is not None:
             for k, v in metrics.items():
                 if isinstance(v, (int, float)) and math.isfinite(v):
@@ -191,33 +187,9 @@ class MetricsLog:
             self.tb.close()
 
 
-def drop_rows_after(file: Path, step: int) -> None:
-    """Resume: a JSON-lines file (metrics.jsonl, samples.jsonl) keeps its rows up to `step`; rows after
-    the checkpoint are redone, and a row cut short by a kill is dropped."""
-    if file.exists():
-        kept = [line for line in file.read_text().splitlines() if _step_of(line, step + 1) <= step]
-        atomic_write_text(file, "".join(line + "\n" for line in kept))
-
-
-def _step_of(line: str, default: int) -> int:
-    try:
-        return int(json.loads(line).get("step", default))
-    except (json.JSONDecodeError, AttributeError, TypeError, ValueError):
-        return default
-
-
 def read_metrics(run: Path) -> list[dict[str, Any]]:
     """Rows of metrics.jsonl; a last line cut short by a kill is skipped."""
-    f = Path(run) / "metrics.jsonl"
-    if not f.exists():
-        return []
-    rows = []
-    for line in f.read_text().splitlines():
-        try:
-            rows.append(json.loads(line))
-        except json.JSONDecodeError:
-            continue
-    return rows
+    return read_jsonl(Path(run) / "metrics.jsonl")
 
 
 def load_run_config(run_dir: Path, overrides: list[str]) -> Config:

@@ -10,14 +10,12 @@ one JSON object a line:
 
 The rows are picked by reward alone (best, worst, evenly spaced between; ties by position), so a resumed
 or repeated CPU run writes the same ones. Appended and fsynced like metrics.jsonl; on resume the rows
-after the checkpoint's step are dropped (rundir.drop_rows_after).
+after the checkpoint's step are dropped (files.drop_rows_after, as metrics.jsonl).
 """
 
 from __future__ import annotations
 
-import json
 import math
-import os
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -27,7 +25,7 @@ import torch
 from lite_verl.batch import RolloutBatch
 from lite_verl.config import Config
 from lite_verl.data.schema import PromptRow
-from lite_verl.run.rundir import drop_rows_after
+from lite_verl.run.files import append_jsonl, drop_rows_after, read_jsonl
 
 FILE = "samples.jsonl"
 
@@ -137,26 +135,13 @@ class SamplesLog:
         return on and (step % self.every == 0 or step == self.total_steps)
 
     def write(self, rows: list[dict[str, Any]]) -> None:
-        if not rows:
-            return
-        with self.file.open("a") as f:
-            f.write("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
-            f.flush()
-            os.fsync(f.fileno())
+        if rows:
+            append_jsonl(self.file, rows)
 
 
 def read_samples(run: Path) -> list[dict[str, Any]]:
     """Rows of RUN/samples.jsonl ([] without one); a last line cut short by a kill is skipped."""
-    f = Path(run) / FILE
-    if not f.is_file():
-        return []
-    rows = []
-    for line in f.read_text().splitlines():
-        try:
-            rows.append(json.loads(line))
-        except json.JSONDecodeError:
-            continue
-    return rows
+    return read_jsonl(Path(run) / FILE)
 
 
 def best_and_worst(run: Path) -> tuple[int, list[dict[str, Any]]] | None:
