@@ -180,10 +180,9 @@ def train_step(
     metrics.update(_rollout_metrics(rollout, scores, session.scorer.last_parts))
     metrics.update(_step_metrics(session, timer, sync_s, rollout, metrics))
     if samples is not None:
-        eos = [session.tokenizer.eos_token_id, *getattr(session.engine, "eos_ids", ())]
         rows = [session.train_set.rows[i] for i in rows_idx for _ in range(n)]
         parts, adv = session.scorer.last_parts, (advantages[0] if advantages else None)
-        samples.record(step, rows, texts, rollout, scores, parts, adv, eos)
+        samples.record(step, rows, texts, rollout, scores, parts, adv, session.engine.eos_ids)
     return metrics
 
 

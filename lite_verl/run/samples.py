@@ -117,15 +117,14 @@ class SamplesLog:
         scores: torch.Tensor,
         parts: Mapping[str, torch.Tensor],
         advantages: torch.Tensor | None,
-        eos_ids: Iterable[int | None],
+        eos_ids: Iterable[int],
     ) -> None:
         """The step's picked samples, if it is due (rows[i]: the prompt row response i answers)."""
         if self.due(step):
             prompts = [r.messages[-1]["content"] if r.messages else "" for r in rows]
-            eos = [e for e in eos_ids if e is not None]
             self.write(
                 sample_rows(
-                    step, prompts, texts, rollout, scores, parts, advantages, eos, self.max_new_tokens,
+                    step, prompts, texts, rollout, scores, parts, advantages, eos_ids, self.max_new_tokens,
                     self.per_step,
                 )
             )  # fmt: skip
