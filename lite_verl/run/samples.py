@@ -150,8 +150,8 @@ def best_and_worst(run: Path) -> tuple[int, list[dict[str, Any]]] | None:
         return None
     step = rows[-1].get("step")
     mine = [r for r in rows if r.get("step") == step and r.get("reward") is not None]
-    if not mine:
+    if not isinstance(step, int) or not mine:
         return None
     best = max(mine, key=lambda r: r["reward"])
     worst = min(mine, key=lambda r: r["reward"])
-    return int(step), [best] if best is worst else [best, worst]
+    return step, [best] if best is worst else [best, worst]
