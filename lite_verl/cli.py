@@ -176,6 +176,15 @@ def _add_run_commands(sub) -> None:
     p.add_argument("--no-plots", action="store_true", help="only the table")
 
     p = sub.add_parser(
+        "watch",
+        help="follow a run from another terminal: step, reward, sparkline, ETA",
+        description="Refreshes until the run's summary.json appears (Ctrl-C stops watching, not the run).",
+    )
+    p.add_argument("run", help="run directory")
+    p.add_argument("--once", action="store_true", help="print one frame and exit")
+    p.add_argument("--interval", type=float, default=5.0, help="seconds between frames")
+
+    p = sub.add_parser(
         "export",
         help="write a run's trained policy as a model directory",
         description="Merge the last checkpoint's adapter into the base: a HF model (--format hf) "
@@ -479,6 +488,12 @@ def cmd_report(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_watch(args: argparse.Namespace) -> int:
+    from lite_verl.tools.watch import watch
+
+    return watch(args.run, once=args.once, interval=args.interval)
+
+
 def cmd_eval(args: argparse.Namespace) -> int:
     from lite_verl.tools.evaluate import run_eval
 
@@ -564,6 +579,7 @@ COMMANDS = {
     "quantize": cmd_quantize,
     "export": cmd_export,
     "report": cmd_report,
+    "watch": cmd_watch,
     "eval": cmd_eval,
     "plan": cmd_plan,
     "import-gguf": cmd_import_gguf,

@@ -15,6 +15,7 @@ import math
 import sys
 import time
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, cast
 
@@ -31,6 +32,7 @@ from lite_verl.rollout.factory import build_engine
 from lite_verl.run.console import Progress, summary_text
 from lite_verl.run.cost import Ledger, bill
 from lite_verl.run.rundir import MetricsLog, RunDir, read_metrics, set_rng_state
+from lite_verl.run.samples import SamplesLog
 from lite_verl.run.signals import Interrupted, StopRequest
 from lite_verl.run.timing import PhaseTimer
 from lite_verl.train.factory import build_trainer
@@ -156,8 +158,11 @@ def _greedy_baselines(session: Session, rows_idx: list[int]) -> torch.Tensor:
     return score(session, rows_idx, session.train_set, texts, 1).repeat_interleave(session.cfg.rollout.n)
 
 
-def train_step(session: Session, sampler: PromptSampler, step: int, ledger: Ledger) -> dict[str, float]:
-    """One step: rollout -> reward -> (engine sleeps) -> update -> sync, each phase timed."""
+def train_step(
+    session: Session, sampler: PromptSampler, step: int, ledger: Ledger, samples: SamplesLog | None = None
+) -> dict[str, float]:
+    """One step: rollout -> reward -> (engine sleeps) -> update -> sync, each phase timed; a few of the
+    step's completions go to `samples` (RUN/samples.jsonl) when it is due."""
     n = session.cfg.rollout.n
     session.scorer.start_step()  # an idle reward model gives its GPU back
     timer = PhaseTimer()  # every phase ends waiting for its results, so the host clock is enough
@@ -168,18 +173,26 @@ def train_step(session: Session, sampler: PromptSampler, step: int, ledger: Ledg
             with ledger.busy_on("rollout"):
                 baselines = _greedy_baselines(session, rows_idx)
     with timer.phase("reward"), ledger.busy_on("reward"):
-        scores = score(session, rows_idx, session.train_set, rollout.response_texts(session.tokenizer), n)
+        texts = rollout.response_texts(session.tokenizer)
+        scores = score(session, rows_idx, session.train_set, texts, n)
     group_ids = torch.arange(len(rows_idx)).repeat_interleave(n)
     with timer.phase("sleep"):
         session.engine.sleep()  # colocated vLLM frees its KV cache for the trainer
     with timer.phase("update"), ledger.busy_on("train"):  # billed on every train GPU
-        metrics = train_update(session, UpdateBatch(rollout, scores, group_ids, baselines, step))
+        advantages: list[torch.Tensor] = []  # [N] each response's first-token advantage
+        metrics = train_update(
+            session, UpdateBatch(rollout, scores, group_ids, baselines, step), advantages.append
+        )
     with timer.phase("sync"):
         sync_s = session.engine.sync_weights(step)  # with a rollout in flight: waits for it, then loads
     metrics.update(waited)
     metrics.update(_overlap(session, timer.spans["update"]))
     metrics.update(_rollout_metrics(rollout, scores, session.scorer.last_parts))
     metrics.update(_step_metrics(session, timer, sync_s, rollout, metrics))
+    if samples is not None:
+        rows = [session.train_set.rows[i] for i in rows_idx for _ in range(n)]
+        parts, adv = session.scorer.last_parts, (advantages[0] if advantages else None)
+        samples.record(step, rows, texts, rollout, scores, parts, adv, session.engine.eos_ids)
     return metrics
 
 
@@ -252,16 +265,21 @@ def _step_metrics(
     return metrics
 
 
-def train_update(session: Session, batch: UpdateBatch) -> dict[str, float]:
-    """The step's update; with several train ranks every rank runs it on its share of the rows."""
+def train_update(
+    session: Session, batch: UpdateBatch, on_advantages: Callable[[torch.Tensor], None] | None = None
+) -> dict[str, float]:
+    """The step's update; with several train ranks every rank runs it on its share of the rows.
+    `on_advantages` gets rank 0's [N] first-token advantages (RUN/samples.jsonl)."""
     micro, group = session.micro, session.group
     if group is None:
-        return run_update(session.backend, batch, session.cfg, session.kl_ctrl, micro)
+        return run_update(
+            session.backend, batch, session.cfg, session.kl_ctrl, micro, on_advantages=on_advantages
+        )
     local = cast("GroupBackend", session.backend).local  # rank 0's own backend, beside the followers'
     return group.update(
         batch,
         session.kl_ctrl.value,
-        lambda: run_update(local, batch, session.cfg, session.kl_ctrl, micro, group.ranks),
+        lambda: run_update(local, batch, session.cfg, session.kl_ctrl, micro, group.ranks, on_advantages),
     )
 
 
@@ -312,6 +330,7 @@ def run_training(session: Session, run: RunDir, resume: bool = False) -> dict[st
     except BaseException:  # a tracker that cannot start its run
         session.close()
         raise
+    samples = SamplesLog(run.path, cfg, resume_step=start - 1 if resume else None)
     sampler = PromptSampler(len(session.train_set), tr.batch_size, tr.seed, cfg.data.shuffle, consumed)
     progress = Progress(tr.total_steps, start - 1, enabled=tr.progress and log.console)
     stop = (
@@ -321,7 +340,7 @@ def run_training(session: Session, run: RunDir, resume: bool = False) -> dict[st
         if not resume and cfg.data.val_size and tr.val_before_train:
             log.log(0, validate(session, 0))
         with stop:
-            _steps(session, run, sampler, ledger, log, progress, start, stop)
+            _steps(session, run, sampler, ledger, (log, samples), progress, start, stop)
             if cfg.data.val_size:  # a signal now lets the finished run validate and end normally
                 log.log(tr.total_steps, validate(session, tr.total_steps))
     except BaseException:
@@ -343,17 +362,18 @@ def _steps(
     run: RunDir,
     sampler: PromptSampler,
     ledger: Ledger,
-    log: MetricsLog,
+    logs: tuple[MetricsLog, SamplesLog],
     progress: Progress,
     start: int,
     stop: StopRequest,
 ) -> None:
     """Steps start..total_steps: train, check for divergence, validate, log, checkpoint, honour a signal."""
     tr = session.cfg.trainer
+    log, samples = logs
     skipped = 0
     saved_at = time.monotonic()
     for step in range(start, tr.total_steps + 1):
-        metrics = train_step(session, sampler, step, ledger)
+        metrics = train_step(session, sampler, step, ledger, samples)
         skipped = skipped + 1 if metrics.get("actor/skipped_step") else 0
         if skipped:
             warnings.warn(f"step {step}: non-finite loss or gradient; the update was skipped", stacklevel=1)

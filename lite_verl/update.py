@@ -262,8 +262,10 @@ def run_update(
     kl_ctrl,
     micro: MicroBatchSize,
     ranks: Ranks = ONE_RANK,
+    on_advantages: Callable[[torch.Tensor], None] | None = None,
 ) -> dict[str, float]:
-    """One step's update on every rank alike: experience, then the critic's and the actor's updates."""
+    """One step's update on every rank alike: experience, then the critic's and the actor's updates.
+    `on_advantages` gets each response's first-token advantage, [N] on the CPU (RUN/samples.jsonl)."""
     a, t = cfg.algorithm, cfg.train
     lr = algos.lr_at(
         batch.step, t.lr, cfg.trainer.total_steps, t.lr_scheduler, t.warmup_steps, t.min_lr_ratio
@@ -276,6 +278,8 @@ def run_update(
             cfg.rollout.temperature, batch.baselines, ranks,
         )  # fmt: skip
     exp = replace(exp, horizon=cfg.rollout.max_new_tokens)  # seq-mean-token-sum-norm's T: the budget
+    if on_advantages is not None:
+        on_advantages(exp.advantages[:, 0].detach().float().cpu())
     metrics.update(timer.metrics)
     metrics["train/lr"] = lr
     rows_per_mini = (a.ppo_mini_batch_size or cfg.trainer.batch_size) * cfg.rollout.n

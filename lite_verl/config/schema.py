@@ -356,6 +356,13 @@ class TrainerConfig:
         None,
         "old switch, kept: true adds tensorboard to trainer.loggers, false removes it, null = as loggers say",
     )
+    samples_every: int = key(
+        10,
+        "write a few of the step's completions to RUN/samples.jsonl every N steps and at the last (0 = off)",
+    )
+    samples_per_step: int = key(
+        8, "completions per sampled step: the best, the worst and evenly spaced between"
+    )
     progress: bool = key(True, "show a progress bar")
     plan_check: bool = key(
         True,

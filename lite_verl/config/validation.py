@@ -295,6 +295,8 @@ def _check_reward_trainer(cfg: Config) -> None:
     _positive("trainer.save_every", tr.save_every, allow_zero=True)
     _positive("trainer.keep_checkpoints", tr.keep_checkpoints, allow_zero=True)
     _positive("trainer.val_every", tr.val_every, allow_zero=True)
+    _positive("trainer.samples_every", tr.samples_every, allow_zero=True)
+    _positive("trainer.samples_per_step", tr.samples_per_step, allow_zero=True)
 
 
 def _check_full_finetuning(cfg: Config) -> None:

@@ -12,6 +12,7 @@ sleep/wake/close are documented no-ops where there is nothing to free.
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -30,6 +31,11 @@ class RolloutEngine(Protocol):
     @property
     def overlaps(self) -> bool:
         """True when a rollout can run while the trainer updates (submit/collect; rollout.max_staleness=1)."""
+        ...
+
+    @property
+    def eos_ids(self) -> Collection[int]:
+        """The token ids that end a response: the tokenizer's EOS and the model's generation_config ones."""
         ...
 
     @property

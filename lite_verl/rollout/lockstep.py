@@ -8,6 +8,7 @@ Rank 0's rollout is the one used. Everything else is the wrapped engine's.
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from typing import TYPE_CHECKING
 
 from lite_verl.batch import RolloutBatch
@@ -29,6 +30,10 @@ class LockstepEngine:
     @property
     def last_generate_span(self) -> tuple[float, float]:
         return self.engine.last_generate_span
+
+    @property
+    def eos_ids(self) -> Collection[int]:
+        return self.engine.eos_ids
 
     def generate(self, prompts: list[list[int]], sampling: SamplingSettings, seed: int) -> RolloutBatch:
         return self.group.generate(

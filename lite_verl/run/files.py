@@ -6,11 +6,13 @@ atomically without importing the config.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import tempfile
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 
 def atomic_write_text(path: Path, text: str) -> None:
@@ -44,3 +46,42 @@ def atomic_directory(final: Path):
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+
+
+# --- JSON-lines logs (metrics.jsonl, samples.jsonl): appended and fsynced row by row -------------------
+def append_jsonl(path: Path, rows: list[dict[str, Any]]) -> None:
+    """Append rows, one JSON object a line, and fsync: a kill loses at most the line being written."""
+    with Path(path).open("a") as f:
+        f.write("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def read_jsonl(path: Path) -> list[dict[str, Any]]:
+    """The rows of a JSON-lines file ([] when there is none); a last line cut short by a kill is skipped."""
+    f = Path(path)
+    if not f.is_file():
+        return []
+    rows = []
+    for line in f.read_text().splitlines():
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue
+    return rows
+
+
+def drop_rows_after(path: Path, step: int) -> None:
+    """Resume: a JSON-lines log keeps its rows up to `step` (those after the checkpoint are redone), and a
+    row cut short by a kill is dropped."""
+    f = Path(path)
+    if f.exists():
+        kept = [line for line in f.read_text().splitlines() if _step_of(line, step + 1) <= step]
+        atomic_write_text(f, "".join(line + "\n" for line in kept))
+
+
+def _step_of(line: str, default: int) -> int:
+    try:
+        return int(json.loads(line).get("step", default))
+    except (json.JSONDecodeError, AttributeError, TypeError, ValueError):
+        return default

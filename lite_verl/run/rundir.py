@@ -5,6 +5,7 @@
     RUN/.lock                held by the process that owns the run (run/lock.py); names it
     RUN/env.json             package versions, devices, git commit, command line, the model's source
     RUN/metrics.jsonl        one JSON object per step (and per validation)
+    RUN/samples.jsonl        a few completions every trainer.samples_every steps (run/samples.py)
     RUN/tb/                  TensorBoard events
     RUN/trackers.json        run ids of wandb / mlflow / trackio (trainer.loggers): a resume continues them
     RUN/checkpoints/step_N/  adapter, optimizer.pt, state.json (step, data position, RNG states)
@@ -20,7 +21,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import platform
 import random
 import shutil
@@ -35,7 +35,7 @@ import yaml
 
 from lite_verl.config import Config, load_config, read_yaml, to_dict
 from lite_verl.errors import UserError
-from lite_verl.run.files import atomic_directory, atomic_write_text
+from lite_verl.run.files import append_jsonl, atomic_directory, atomic_write_text, drop_rows_after, read_jsonl
 from lite_verl.run.lock import LOCK_NAME, RunLock
 
 HISTORY = "config_history.jsonl"
@@ -159,10 +159,7 @@ class RunDir:
             "step": step,
             "changes": {k: {"old": old, "new": new} for k, (old, new) in changes.items()},
         }
-        with (self.path / HISTORY).open("a") as f:
-            f.write(json.dumps(row) + "\n")
-            f.flush()
-            os.fsync(f.fileno())
+        append_jsonl(self.path / HISTORY, [row])
 
     # --- checkpoints -----------------------------------------------------------------------------
     def latest_checkpoint(self, quiet: bool = False) -> Path | None:
@@ -259,14 +256,8 @@ class MetricsLog:
 
     def __init__(self, run: Path, cfg: Config, resume_step: int | None = None) -> None:
         self.file = run / "metrics.jsonl"
-        if resume_step is not None and self.file.exists():
-            # rows after the checkpoint are redone; a row cut short by a kill is dropped
-            kept = [
-                line
-                for line in self.file.read_text().splitlines()
-                if _step_of(line, resume_step + 1) <= resume_step
-            ]
-            atomic_write_text(self.file, "".join(line + "\n" for line in kept))
+        if resume_step is not None:
+            drop_rows_after(self.file, resume_step)
         from lite_verl.run.trackers import Trackers, logger_names
 
         self.console = "console" in logger_names(cfg.trainer)
@@ -274,10 +265,7 @@ class MetricsLog:
 
     def log(self, step: int, metrics: dict[str, float]) -> None:
         row = {"step": step, **{k: (round(v, 6) if isinstance(v, float) else v) for k, v in metrics.items()}}
-        with self.file.open("a") as f:
-            f.write(json.dumps(row) + "\n")
-            f.flush()
-            os.fsync(f.fileno())
+        append_jsonl(self.file, [row])
         self.trackers.log(step, metrics)
 
     def close(self, summary: dict[str, Any] | None = None, failed: bool = False) -> None:
@@ -287,25 +275,9 @@ class MetricsLog:
         self.trackers.finish(failed)
 
 
-def _step_of(line: str, default: int) -> int:
-    try:
-        return int(json.loads(line).get("step", default))
-    except (json.JSONDecodeError, AttributeError, TypeError, ValueError):
-        return default
-
-
 def read_metrics(run: Path) -> list[dict[str, Any]]:
     """Rows of metrics.jsonl; a last line cut short by a kill is skipped."""
-    f = Path(run) / "metrics.jsonl"
-    if not f.exists():
-        return []
-    rows = []
-    for line in f.read_text().splitlines():
-        try:
-            rows.append(json.loads(line))
-        except json.JSONDecodeError:
-            continue
-    return rows
+    return read_jsonl(Path(run) / "metrics.jsonl")
 
 
 def run_config_file(run_dir: Path) -> Path:

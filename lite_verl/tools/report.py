@@ -76,7 +76,30 @@ def report_text(run_dir: Path) -> str:
         overlap = sum(m.get("perf/overlap_s", 0.0) for m in rows)
         if overlap:
             lines.append(f"rollout overlapped with updates for {overlap:.1f} s (rollout.max_staleness=1)")
+    lines.extend(samples_lines(run_dir))
     return "\n".join(lines)
+
+
+def samples_lines(run_dir: Path, width: int = 160) -> list[str]:
+    """The best and the worst sample of the last step in RUN/samples.jsonl; [] without one."""
+    from lite_verl.run.samples import best_and_worst
+
+    found = best_and_worst(run_dir)
+    if found is None:
+        return []
+    step, rows = found
+    lines = [f"samples of step {step} (RUN/samples.jsonl):"]
+    for label, r in zip(("best", "worst"), rows):
+        parts = ", ".join(f"{k} {v:.3g}" if v is not None else f"{k} -" for k, v in r["reward_parts"].items())
+        adv = f", advantage {r['advantage']:.3g}" if r.get("advantage") is not None else ""
+        lines.append(
+            f"  {label}: reward {r['reward']:.3g}{f' ({parts})' if parts else ''}{adv}, "
+            f"{r['length']} tokens, {r['finish']}"
+        )
+        for what in ("prompt", "completion"):
+            text = json.dumps(r[what], ensure_ascii=False)  # one line: newlines escaped
+            lines.append(f"    {what}: {text if len(text) <= width else text[: width - 3] + '...'}")
+    return lines
 
 
 def write_plots(run_dir: Path) -> list[Path]:

@@ -515,6 +515,10 @@ def _trainer(cfg: Config, inp: Inputs, layout: Layout) -> list[Item]:
         Override("trainer.default_local_dir", InExport("checkpoints")),
         Note("cost.* (the bill)", "no verl equivalent: verl logs time and throughput per step, not a price"),
         Note("trainer.plan_check, trainer.progress", "lite-verl only (memory plan, progress bar)"),
+        Note(
+            "trainer.samples_every, trainer.samples_per_step",
+            "lite-verl's RUN/samples.jsonl; verl dumps every rollout with trainer.rollout_data_dir",
+        ),
     ]
     if cfg.algorithm.adv_estimator == "gae":
         items.insert(6, Override("trainer.max_critic_ckpt_to_keep", tr.keep_checkpoints))
