@@ -4,32 +4,18 @@ from __future__ import annotations
 
 import io
 import json
-import os
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 from conftest import SMALL
+from test_cli import cli
 
 from lite_verl.run.samples import best_and_worst, pick, read_samples
 
 K = 3
 MAX_NEW = 16
 FIELDS = {"step", "sample", "prompt", "completion", "reward", "reward_parts", "advantage", "length", "finish"}
-
-
-def cli(*args: str, cwd: Path) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONWARNINGS": "ignore"}
-    return subprocess.run(
-        [sys.executable, "-m", "lite_verl", *args],
-        cwd=cwd,
-        capture_output=True,
-        text=True,
-        timeout=600,
-        env=env,
-    )
 
 
 def sets(*overrides: str) -> list[str]:
