@@ -64,6 +64,12 @@ def test_eval_command_scores_a_runs_last_checkpoint(tmp_path):
         assert 0.0 <= scores["all"][key] <= 1.0
     assert scores["all"]["pass@3"] >= scores["all"]["mean@3"] - 1e-9 or scores["all"]["mean@3"] < 1.0
     assert "data_source" in done.stdout and "pass@3" in done.stdout
+    kept = json.loads((run / "eval" / "step_00000002.json").read_text())  # with the run, for report
+    assert kept["scores"] == scores
+    from lite_verl.tools.report import report
+
+    text = report(run, plots=False)
+    assert "eval of step_00000002 (lite-verl eval, k=3):" in text and "pass@3" in text
 
 
 def test_eval_of_a_run_without_checkpoint_is_one_line(tmp_path):

@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 from lite_verl.errors import UserError
 
 ALL_PROMPTS = 10**9  # data.val_size that keeps every row of data.val_files
+EVAL_DIR = "eval"  # RUN/eval/step_N.json: the evaluation of a run's checkpoint step_N
 
 if TYPE_CHECKING:
     from lite_verl.config import Config
@@ -139,11 +140,27 @@ def run_eval(target: str, preset: str | None, config_file: str | None, sets: lis
         session.close()
     result = {"target": target, "checkpoint": str(ckpt or ""), "k": k, "correct": correct, "scores": scores}
     print(format_table(scores, k))
-    if out is not None:
-        from lite_verl.run.files import atomic_write_text
+    from lite_verl.run.files import atomic_write_text
 
+    if out is not None:
         atomic_write_text(out, json.dumps(result, indent=2))
+    if ckpt is not None:  # a run's checkpoint: kept with the run too, where `lite-verl report` shows it
+        (Path(target) / EVAL_DIR).mkdir(exist_ok=True)
+        atomic_write_text(Path(target) / EVAL_DIR / f"{ckpt.name}.json", json.dumps(result, indent=2))
     return result
+
+
+def eval_lines(run_dir: Path) -> list[str]:
+    """The evaluations kept in RUN/eval/ (one per evaluated checkpoint), for `lite-verl report`."""
+    lines = []
+    for path in sorted((run_dir / EVAL_DIR).glob("step_*.json")):
+        try:
+            result = json.loads(path.read_text())
+        except (OSError, json.JSONDecodeError):
+            continue
+        lines.append(f"eval of {path.stem} (lite-verl eval, k={result['k']}):")
+        lines += ["  " + line for line in format_table(result["scores"], result["k"]).splitlines()]
+    return lines
 
 
 def format_table(scores: dict[str, dict[str, float]], k: int) -> str:

@@ -77,6 +77,9 @@ def report_text(run_dir: Path) -> str:
         if overlap:
             lines.append(f"rollout overlapped with updates for {overlap:.1f} s (rollout.max_staleness=1)")
     lines.extend(samples_lines(run_dir))
+    from lite_verl.tools.evaluate import eval_lines
+
+    lines.extend(eval_lines(run_dir))
     return "\n".join(lines)
 
 
