@@ -178,18 +178,18 @@ def train_step(
     group_ids = torch.arange(len(rows_idx)).repeat_interleave(n)
     with timer.phase("sleep"):
         session.engine.sleep()  # colocated vLLM frees its KV cache for the trainer
+    keep_samples = samples is not None and samples.due(step)
     with timer.phase("update"), ledger.busy_on("train"):  # billed on every train GPU
-        advantages: list[torch.Tensor] = []  # [N] each response's first-token advantage
-        metrics = train_update(
-            session, UpdateBatch(rollout, scores, group_ids, baselines, step), advantages.append
-        )
+        advantages: list[torch.Tensor] = []  # [N] each response's first-token advantage, when sampled
+        batch = UpdateBatch(rollout, scores, group_ids, baselines, step)
+        metrics = train_update(session, batch, advantages.append if keep_samples else None)
     with timer.phase("sync"):
         sync_s = session.engine.sync_weights(step)  # with a rollout in flight: waits for it, then loads
     metrics.update(waited)
     metrics.update(_overlap(session, timer.spans["update"]))
     metrics.update(_rollout_metrics(rollout, scores, session.scorer.last_parts))
     metrics.update(_step_metrics(session, timer, sync_s, rollout, metrics))
-    if samples is not None:
+    if samples is not None and keep_samples:
         rows = [session.train_set.rows[i] for i in rows_idx for _ in range(n)]
         parts, adv = session.scorer.last_parts, (advantages[0] if advantages else None)
         samples.record(step, rows, texts, rollout, scores, parts, adv, session.engine.eos_ids)

@@ -120,7 +120,7 @@ class SamplesLog:
         eos_ids: Iterable[int],
     ) -> None:
         """The step's picked samples, if it is due (rows[i]: the prompt row response i answers)."""
-        if self.due(step):
+        if self.due(step):  # the loop asks first too, to skip gathering what a step not due needs
             prompts = [r.messages[-1]["content"] if r.messages else "" for r in rows]
             self.write(
                 sample_rows(
