@@ -63,6 +63,7 @@ def describe(cls: type = Config, prefix: str = "") -> list[tuple[str, str]]:
     return out
 
 
+@functools.cache  # the schema is fixed; every layer a config is built from asks
 def where_keys(cls: type = Config, prefix: str = "") -> frozenset[str]:
     """The dotted keys that say where and how things run (schema `key(..., where=True)`): a preset's."""
     return frozenset(k for k, _, f in _sections(cls, prefix) if f is not None and f.metadata.get("where"))
@@ -70,7 +71,7 @@ def where_keys(cls: type = Config, prefix: str = "") -> frozenset[str]:
 
 def set_keys(data: typing.Mapping[str, Any], prefix: str = "") -> list[str]:
     """The dotted keys a layer (nested dict) sets; a mapping-valued key (cost.price_per_hour) is one key."""
-    mappings = set(mapping_keys())
+    mappings = _mapping_set()
     out = []
     for k, v in data.items():
         dotted = f"{prefix}{k}"
@@ -79,6 +80,11 @@ def set_keys(data: typing.Mapping[str, Any], prefix: str = "") -> list[str]:
         else:
             out.append(dotted)
     return out
+
+
+@functools.cache
+def _mapping_set() -> frozenset[str]:
+    return frozenset(mapping_keys())
 
 
 def mapping_keys(cls: type = Config, prefix: str = "") -> list[str]:

@@ -116,8 +116,8 @@ def load_config(
 def preset_layer(name: str) -> dict[str, Any]:
     """A preset's keys; one that says what is computed (not a `where` key) is refused."""
     data = read_yaml(preset_path(name), f"preset '{name}'")
-    where = where_keys()
-    wrong = [k for k in set_keys(data) if k in all_keys() and k not in where]
+    known, where = set(all_keys()), where_keys()
+    wrong = [k for k in set_keys(data) if k in known and k not in where]
     if wrong:
         raise ConfigError(
             f"preset '{name}' sets {wrong[0]}, which says what is computed: a preset says only where and "
