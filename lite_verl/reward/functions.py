@@ -288,11 +288,9 @@ def verl_compute_score(functions: Sequence[Mapping[str, Any]]) -> Callable[..., 
     """reward.functions (as dicts: fn, weight, name, args) as one verl-shaped compute_score: the weighted
     sum for one response, as training computes it. For `lite-verl export-verl`'s reward_fn.py: verl gives
     a function data_source, the response, the ground truth and extra_info (no prompt, no other columns)."""
-    specs = [
-        FunctionSpec(str(f.get("name") or default_name(str(f["fn"]))), str(f["fn"]),
-                     f"reward.functions[{i}] {f['fn']}", float(f.get("weight", 1.0)), dict(f.get("args") or {}))
-        for i, f in enumerate(functions)
-    ]  # fmt: skip
+    from lite_verl.config.schema import RewardConfig, RewardFunctionConfig
+
+    specs, _ = specs_of(RewardConfig(functions=tuple(RewardFunctionConfig(**f) for f in functions)))
     loaded = [load_function(s) for s in specs]
 
     def compute_score(
