@@ -21,6 +21,9 @@ RESULTS = HERE / "results.jsonl"
 REPORT = HERE / "RESULTS.md"
 CURVES = HERE / "runs"  # {bench}_curve_{tag}.jsonl: learning curves shown under their bench's table
 NOTES = {  # what a reader must know about a table that its rows do not say
+    "laptop": "2026-12-05: 32d4730 took 95 s where 333d3f8 took 27 s on 2026-12-02; the session's start commit "
+    "5a3742c, run right after on the same machine, took 100 s: the machine is slower that day, not the code "
+    "(the learning figures are identical to the earlier rows).",
     "estimators": "The 2026-12-02 rows ran while other jobs shared the 2 cores: their wall times are "
     "inflated (a lone laptop run takes ~30 s, see `laptop`); the reward figures are unaffected.",
     "weight_sync": "Random-init weights with real shapes. Targets: adapter <= 50 ms, merged 1.5B <= 1 s. "
