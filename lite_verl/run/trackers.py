@@ -105,7 +105,10 @@ class _State:
 
 class TensorBoardTracker:
     def __init__(self, run: Path) -> None:
-        from tensorboardX import SummaryWriter
+        try:
+            from tensorboardX import SummaryWriter
+        except ImportError:  # torch's own writer (needs the `tensorboard` package) writes the same event files
+            from torch.utils.tensorboard import SummaryWriter
 
         self.writer = SummaryWriter(str(run / "tb"))
 

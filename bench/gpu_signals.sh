@@ -1,0 +1,52 @@
+#!/bin/bash
+# #24's acceptance on the GPU machine: a 4090x1 run stopped the ways users stop it, then resumed.
+#   bash bench/gpu_signals.sh MODEL_DIR      (after bench/gpu_recipes.sh has installed vLLM; ~3 min)
+# 1. `timeout -s TERM` on the command (systemd, Slurm, docker stop, Kubernetes): SIGTERM to the controller only.
+# 2. Ctrl-C in a terminal: SIGINT to the whole process group (controller + vLLM worker).
+# Each must exit 128+signum with "a checkpoint was written", leave no process of the run alive, and
+# `--resume` must finish the run. Prints one CHECK line per fact; exits 1 if any fails.
+set -uo pipefail
+MODEL=$1; W=/tmp/sig; rm -rf $W; mkdir -p $W
+export PYTHONPATH=${PYTHONPATH:-} VLLM_USE_FLASHINFER_SAMPLER=0 PYTHONUNBUFFERED=1
+SETS=(--preset 4090x1 --recipe arithmetic --set model.path=$MODEL --set rollout.quantization=none
+      --set rollout.enforce_eager=true --set rollout.gpu_memory_utilization=0.08 --set trainer.total_steps=40
+      --set data.val_size=0 --set trainer.progress=false)
+bad=0
+check() { if eval "$2"; then echo "CHECK ok   $1"; else echo "CHECK FAIL $1"; bad=1; fi; }
+started() { grep -q '"step": 2' $1/metrics.jsonl 2>/dev/null; }   # two steps done: past the engine start
+tree() { local p; for p in $(pgrep -P $1); do echo $p; tree $p; done; }   # every descendant of a pid
+alive() { local p; for p in $1; do kill -0 $p 2>/dev/null && return 0; done; return 1; }
+
+# 1. SIGTERM to the controller only, as `timeout` sends it
+( timeout -s TERM 600 python3 -m lite_verl train "${SETS[@]}" --run-dir $W/term > $W/term.log 2>&1; echo $? > $W/term.rc ) &
+for i in $(seq 240); do started $W/term && break; sleep 1; done
+TOP=$(pgrep -f "timeout -s TERM 600 python3 -m lite_verl train"); PIDS="$TOP $(tree $TOP)"; echo "run tree: $PIDS"
+kill -TERM $TOP; for i in $(seq 120); do [ -f $W/term.rc ] && break; sleep 1; done
+sleep 3
+check "SIGTERM: exit 143 (was $(cat $W/term.rc))" '[ "$(cat $W/term.rc)" = 143 ]'
+check "SIGTERM: says a checkpoint was written" 'grep -q "a checkpoint was written" $W/term.log'
+check "SIGTERM: no process of the run alive" '! alive "$PIDS"'
+tail -3 $W/term.log
+
+# 2. SIGINT to the process group, as Ctrl-C does
+setsid bash -c "python3 -m lite_verl train ${SETS[*]} --run-dir $W/int > $W/int.log 2>&1; echo \$? > $W/int.rc" &
+for i in $(seq 240); do started $W/int && break; sleep 1; done
+TOP=$(pgrep -f "^python3 -m lite_verl train.*run-dir $W/int"); PIDS="$TOP $(tree $TOP)"; echo "run tree: $PIDS"
+PGID=$(ps -o pgid= -p $TOP | tr -d ' ')
+kill -INT -- -$PGID; for i in $(seq 120); do [ -f $W/int.rc ] && break; sleep 1; done
+sleep 3
+check "group SIGINT: exit 130 (was $(cat $W/int.rc))" '[ "$(cat $W/int.rc)" = 130 ]'
+check "group SIGINT: says a checkpoint was written" 'grep -q "a checkpoint was written" $W/int.log'
+check "group SIGINT: no process of the run alive" '! alive "$PIDS"'
+tail -3 $W/int.log
+
+# 3. resume the SIGTERM run to a near end: the first resumed step samples from the trained weights
+python3 -m lite_verl train --resume $W/term --set trainer.total_steps=$(( $(grep -c '"step"' $W/term/metrics.jsonl) + 2 )) \
+  > $W/resume.log 2>&1; rc=$?
+check "resume: exit 0 (was $rc)" '[ $rc = 0 ]'
+python3 - $W/term/metrics.jsonl <<'PY'
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1]) if '"rollout/logprob_gap_mean"' in l]
+print("CHECK info logprob_gap_mean per step:", [(r["step"], round(r["rollout/logprob_gap_mean"], 5)) for r in rows])
+PY
+exit $bad
