@@ -8,9 +8,11 @@
 set -uo pipefail
 MODEL=$1; W=/tmp/sig; rm -rf $W; mkdir -p $W
 export PYTHONPATH=${PYTHONPATH:-} VLLM_USE_FLASHINFER_SAMPLER=0 PYTHONUNBUFFERED=1
-SETS=(--preset 4090x1 --recipe arithmetic --set model.path=$MODEL --set rollout.quantization=none
-      --set rollout.enforce_eager=true --set rollout.gpu_memory_utilization=0.08 --set trainer.total_steps=40
-      --set data.val_size=0 --set trainer.progress=false)
+# PRESET=laptop MODEL=- tries the script on a CPU with the laptop preset's own tiny model
+SETS=(--preset ${PRESET:-4090x1} --recipe arithmetic --set trainer.total_steps=40 --set data.val_size=0
+      --set trainer.progress=false)
+[ "$MODEL" = - ] && SETS+=(--set model.path=tiny:qwen2) || SETS+=(--set model.path=$MODEL --set rollout.quantization=none --set rollout.enforce_eager=true
+                           --set rollout.gpu_memory_utilization=0.08)
 bad=0
 check() { if eval "$2"; then echo "CHECK ok   $1"; else echo "CHECK FAIL $1"; bad=1; fi; }
 started() { grep -q '"step": 2' $1/metrics.jsonl 2>/dev/null; }   # two steps done: past the engine start

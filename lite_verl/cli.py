@@ -192,13 +192,20 @@ def _add_run_commands(sub) -> None:
 
     p = sub.add_parser(
         "export",
-        help="write a run's trained policy as a model directory",
-        description="Merge the last checkpoint's adapter into the base: a HF model (--format hf) "
-        "or an AWQ 4-bit model for vLLM (--format awq).",
+        help="write a run's trained policy as a model directory (HF, AWQ or GGUF) and push it to the Hub",
+        description="Merge the last checkpoint's adapter into the base: a HF model (--format hf), an AWQ "
+        "4-bit model for vLLM (--format awq), or a GGUF file with an Ollama Modelfile for llama.cpp, Ollama "
+        "and LM Studio (--format gguf, pip install 'lite-verl[gguf]'). A model card (README.md) is written "
+        "from the run; --push-to-hub uploads the directory.",
     )
     p.add_argument("run", help="run directory")
     p.add_argument("out", help="output directory")
-    p.add_argument("--format", default="hf", choices=["hf", "awq"])
+    p.add_argument("--format", default="hf", choices=["hf", "awq", "gguf"])
+    p.add_argument("--quant", default="", help="gguf: f16 (default), bf16, f32, q8_0, or a k-quant such as "
+                   "q4_k_m (needs llama-cpp-python)")  # fmt: skip
+    p.add_argument("--push-to-hub", metavar="ORG/NAME", default="", help="upload the export to this Hub repo")
+    p.add_argument("--private", action="store_true", help="--push-to-hub: create the repo private")
+    p.add_argument("--dry-run", action="store_true", help="--push-to-hub: list what would be uploaded, upload nothing")
 
     p = sub.add_parser(
         "eval",
@@ -520,8 +527,21 @@ def cmd_eval(args: argparse.Namespace) -> int:
 def cmd_export(args: argparse.Namespace) -> int:
     from lite_verl.tools.export import export_run
 
-    out = export_run(args.run, args.out, args.format)
+    from lite_verl.ship import hub
+
+    repo = hub.check_repo_id(args.push_to_hub) if args.push_to_hub else ""
+    if args.dry_run and not repo:
+        raise UserError("--dry-run applies to --push-to-hub ORG/NAME")
+    if repo and not args.dry_run:
+        hub.check_token(repo)
+    out = export_run(args.run, args.out, args.format, args.quant)
     print(f"wrote the trained policy ({args.format}) to {out}")
+    if repo:
+        print("\n".join(hub.upload_plan(out, repo, args.private)))
+        if args.dry_run:
+            print("dry run: nothing was uploaded")
+        else:
+            print(f"pushed: {hub.push(out, repo, args.private, f'lite-verl export of {Path(args.run).name}')}")
     return 0
 
 

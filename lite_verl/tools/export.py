@@ -1,11 +1,13 @@
 """`lite-verl quantize` and `lite-verl export`: AWQ models and trained policies as model directories.
 
     lite-verl quantize MODEL_DIR OUT_DIR [--calib prompts.jsonl] [--group-size 128] [--max-prompts 512]
-    lite-verl export RUN_DIR OUT_DIR [--format hf|awq]
+    lite-verl export RUN_DIR OUT_DIR [--format hf|awq|gguf] [--quant q8_0] [--push-to-hub org/name [--dry-run]]
 
 export --format hf merges the last checkpoint's LoRA adapter into the base (W + s * B @ A) and writes a
 normal HF model; --format awq then AWQ-quantizes that merged model, calibrated afresh on the run's own
-prompts (the final policy deserves its own scale search; syncs during training reuse the first one).
+prompts (the final policy deserves its own scale search; syncs during training reuse the first one);
+--format gguf converts it with llama.cpp's converter (ship/gguf.py) and writes an Ollama Modelfile. Every
+format gets a model card (README.md) from the run; --push-to-hub uploads the directory (ship/hub.py).
 """
 
 from __future__ import annotations
@@ -56,22 +58,58 @@ def quantize_command(
     return quantize_model(src, Path(out_dir), prompts, AWQSettings(group_size=group_size))
 
 
-def export_run(run_dir: str, out_dir: str, fmt: str = "hf") -> Path:
+def export_run(run_dir: str, out_dir: str, fmt: str = "hf", quant: str = "") -> Path:
+    """The run's last checkpoint -> OUT_DIR as a HF model (hf), an AWQ model (awq) or a GGUF file + Modelfile
+    (gguf), with a model card (README.md) written from the run."""
+    from lite_verl.run.files import atomic_directory, atomic_write_text
+    from lite_verl.run.rundir import load_run_config
+    from lite_verl.ship.card import model_card
+
+    if fmt not in ("hf", "awq", "gguf"):
+        raise UserError(f"--format {fmt}: use hf, awq or gguf")
+    if quant and fmt != "gguf":
+        raise UserError(f"--quant {quant} applies to --format gguf only")
+    if fmt == "gguf":
+        from lite_verl.ship.gguf import check_quant
+
+        quant = check_quant(quant or "f16")
+    run, out = Path(run_dir), Path(out_dir)
+    cfg = load_run_config(run, [])
+    if fmt == "hf":
+        _merged_hf(run, cfg, out)
+    else:
+        hf = Path(tempfile.mkdtemp(prefix="lite-verl-export-"))
+        try:
+            _merged_hf(run, cfg, hf)
+            if fmt == "awq":
+                _awq(hf, out, cfg)
+            else:
+                from lite_verl.ship.gguf import write_gguf
+
+                with atomic_directory(out) as tmp:
+                    write_gguf(hf, tmp, quant, "model")
+        finally:
+            shutil.rmtree(hf, ignore_errors=True)
+    files = sorted(str(p.relative_to(out)) for p in out.rglob("*") if p.is_file())
+    atomic_write_text(out / "README.md", model_card(run, cfg, fmt, [*files, "README.md"]))
+    return out
+
+
+def _merged_hf(run: Path, cfg, target: Path) -> Path:
+    """The last checkpoint's policy as a HF model directory: a LoRA adapter merged into the base (in fp32,
+    then cast to model.dtype), or a full-weights checkpoint as it is."""
     import torch
     from peft import PeftModel
     from transformers import AutoModelForCausalLM
 
     from lite_verl.model.load import load_tokenizer, resolve_model_path
     from lite_verl.run.files import atomic_directory
-    from lite_verl.run.rundir import RunDir, load_run_config
+    from lite_verl.run.rundir import RunDir
 
-    if fmt not in ("hf", "awq"):
-        raise UserError(f"--format {fmt}: use hf or awq")
-    cfg = load_run_config(Path(run_dir), [])
-    ckpt = RunDir(Path(run_dir)).latest_checkpoint()
+    ckpt = RunDir(run).latest_checkpoint()
     if ckpt is None:
         raise UserError(
-            f"{run_dir} holds no complete checkpoint; train with trainer.save_every > 0 (or to the end) "
+            f"{run} holds no complete checkpoint; train with trainer.save_every > 0 (or to the end) "
             "and trainer.keep_checkpoints > 0"
         )
     path = resolve_model_path(cfg.model)
@@ -87,24 +125,20 @@ def export_run(run_dir: str, out_dir: str, fmt: str = "hf") -> Path:
         )
     else:
         raise UserError(f"{ckpt} holds neither adapter/ nor model/; is it a lite-verl checkpoint?")
-    merged = merged.to(getattr(torch, cfg.model.dtype if cfg.model.dtype != "float32" else "float32"))
-    target = Path(out_dir) if fmt == "hf" else Path(tempfile.mkdtemp(prefix="lite-verl-export-"))
-    try:
-        with atomic_directory(target) as tmp:
-            merged.save_pretrained(tmp)
-            tokenizer.save_pretrained(tmp)
-            if (path / "generation_config.json").is_file():
-                shutil.copy(path / "generation_config.json", tmp / "generation_config.json")
-        if fmt == "hf":
-            return target
-        from lite_verl.quant.awq import AWQSettings, quantize_model
+    merged = merged.to(getattr(torch, cfg.model.dtype))
+    with atomic_directory(target) as tmp:
+        merged.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        if (path / "generation_config.json").is_file():
+            shutil.copy(path / "generation_config.json", tmp / "generation_config.json")
+    return target
 
-        data = [f"data.{k}={v}" for k, v in (("task", cfg.data.task), ("task_size", cfg.data.task_size))]
-        calib = cfg.data.train_files[0] if cfg.data.train_files else None
-        prompts = _prompts(target, calib, 512, cfg.trainer.seed, data)
-        return quantize_model(
-            target, Path(out_dir), prompts, AWQSettings(group_size=cfg.rollout.awq_group_size)
-        )
-    finally:
-        if fmt == "awq":
-            shutil.rmtree(target, ignore_errors=True)
+
+def _awq(hf: Path, out: Path, cfg) -> Path:
+    """AWQ-quantize the merged model, calibrated afresh on the run's own prompts."""
+    from lite_verl.quant.awq import AWQSettings, quantize_model
+
+    data = [f"data.{k}={v}" for k, v in (("task", cfg.data.task), ("task_size", cfg.data.task_size))]
+    calib = cfg.data.train_files[0] if cfg.data.train_files else None
+    prompts = _prompts(hf, calib, 512, cfg.trainer.seed, data)
+    return quantize_model(hf, out, prompts, AWQSettings(group_size=cfg.rollout.awq_group_size))
