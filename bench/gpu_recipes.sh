@@ -21,7 +21,7 @@ case "${1:-}" in
     cat $(ls /tmp/mparts/models.tar.part.* | sort) > /tmp/models.tar
     (cd /tmp && sha256sum -c /tmp/mparts/models.tar.sha256 >/dev/null) || { echo "model chunks: checksum mismatch" >&2; exit 1; }
     tar xf /tmp/models.tar -C /tmp/models && rm /tmp/models.tar && ls -la /tmp/models
-    rm -rf /tmp/lv && cp -r "$PWD" /tmp/lv && cd /tmp/lv
+    rm -rf /tmp/lv && mkdir /tmp/lv && tar -C "$PWD" --exclude=./.stage -cf - . | tar -C /tmp/lv -xf - && cd /tmp/lv
     cp bench/results.jsonl /tmp/results.before
     echo "${LITE_VERL_COMMIT:-unknown}" > /tmp/lv.commit
     export LITE_VERL_COMMIT=$(cat /tmp/lv.commit)
@@ -29,6 +29,10 @@ case "${1:-}" in
        smollm2:arithmetic,smollm2:countdown,smollm2:gsm8k > /tmp/recipes_smollm2.log 2>&1; echo $? > /tmp/recipes_smollm2.rc) &
     (setsid nohup bash bench/gpu_recipes.sh chain gemma gemma-3-270m-q4_k_m.gguf \
        gemma:arithmetic,gemma:countdown > /tmp/recipes_gemma.log 2>&1; echo $? > /tmp/recipes_gemma.rc) &
+    # #24's acceptance (bench/gpu_signals.sh) on the imported SmolLM2, beside the proofs; and lite-verl doctor
+    (setsid nohup bash -c 'until [ -f /tmp/models/SmolLM2-135M-Instruct/config.json ]; do sleep 5; done;
+       bash bench/gpu_signals.sh /tmp/models/SmolLM2-135M-Instruct' > /tmp/signals.log 2>&1; echo $? > /tmp/signals.rc) &
+    python3 -m lite_verl doctor > "$OUT/doctor.txt" 2>&1; echo "doctor exit $?" >> "$OUT/doctor.txt"
     ;;
   wait) ;;
   chain)  # NAME GGUF JOBS: import the model, then its jobs (run by start, in the background)
@@ -43,7 +47,7 @@ while ! done_all && [ $((SECONDS - start)) -lt "$WAIT_S" ]; do
   sleep 15
   echo "[$((SECONDS - start)) s] $(ls /tmp/lite-verl-recipes/*/run/metrics.jsonl 2>/dev/null | while read f; do echo -n "$(basename $(dirname $(dirname $f))):$(wc -l < $f) "; done)"
 done
-cp /tmp/recipes_*.log "$OUT/" 2>/dev/null
+cp /tmp/recipes_*.log /tmp/signals.log "$OUT/" 2>/dev/null; grep CHECK /tmp/signals.log
 X=/tmp/recipes_extra; rm -rf $X; mkdir -p $X
 for d in /tmp/lite-verl-recipes/*/; do
   n=$(basename $d); mkdir -p $X/$n
