@@ -1,0 +1,72 @@
+"""Benchmark: the GGUF export of a real model, loaded back, against the HF model it came from.
+
+    python -m bench.gguf_roundtrip MODEL_DIR [--quants f16,q8_0] [--prompts 8] [--tokens 32]
+
+For each quant: lite-verl's GGUF writer (llama.cpp's converter, ship/gguf.py) -> transformers' GGUF loader;
+greedy completions of the first N GSM8K-style built-in prompts (chat template applied) compared token by
+token with the HF model's, whether the GGUF's tokenizer gives the same prompt ids, the file size and the
+conversion time. One row per figure to bench/results.jsonl.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from bench.results import append, render
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("model", help="a HF model directory")
+    p.add_argument("--name", default="", help="the model's name in the results (default: the directory)")
+    p.add_argument("--quants", default="f16,q8_0")
+    p.add_argument("--prompts", type=int, default=8)
+    p.add_argument("--tokens", type=int, default=32)
+    args = p.parse_args()
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from lite_verl.data.tasks import task_rows
+    from lite_verl.ship.gguf import check_quant, write_gguf
+
+    src = Path(args.model)
+    name = args.name or src.name
+    tok = AutoTokenizer.from_pretrained(src)
+    hf = AutoModelForCausalLM.from_pretrained(src, dtype=torch.float32)
+    rows = task_rows("arithmetic", args.prompts, seed=0, split="test")
+    texts = [tok.apply_chat_template(list(r.messages), add_generation_prompt=True, tokenize=False) for r in rows]
+    prompts = [tok(t, return_tensors="pt", add_special_tokens=False).input_ids for t in texts]
+    with torch.no_grad():
+        want = [hf.generate(ids, max_new_tokens=args.tokens, do_sample=False)[0, ids.shape[1] :].tolist() for ids in prompts]
+    command = "python -m bench.gguf_roundtrip " + " ".join(sys.argv[1:])
+    settings = f"{args.prompts} built-in arithmetic prompts (chat template), greedy, {args.tokens} new tokens, CPU fp32"
+    for quant in args.quants.split(","):
+        quant = check_quant(quant)
+        with tempfile.TemporaryDirectory() as out:
+            start = time.perf_counter()
+            path = write_gguf(src, Path(out), quant, "model")
+            convert_s = time.perf_counter() - start
+            size = path.stat().st_size / 2**20
+            gg = AutoModelForCausalLM.from_pretrained(out, gguf_file=path.name, dtype=torch.float32)
+            gtok = AutoTokenizer.from_pretrained(out, gguf_file=path.name)
+        same_ids = sum(gtok(t, add_special_tokens=False).input_ids == ids[0].tolist() for t, ids in zip(texts, prompts))
+        with torch.no_grad():
+            got = [gg.generate(ids, max_new_tokens=args.tokens, do_sample=False)[0, ids.shape[1] :].tolist() for ids in prompts]
+        same = sum(a == b for a, b in zip(got, want))
+        agree = sum(sum(x == y for x, y in zip(a, b)) / max(len(b), 1) for a, b in zip(got, want)) / len(want)
+        for metric, value, unit in ((f"{quant}_identical_completions", same / len(want), "fraction"),
+                                    (f"{quant}_token_agreement", agree, "fraction"),
+                                    (f"{quant}_same_prompt_ids", same_ids / len(texts), "fraction"),
+                                    (f"{quant}_file_mib", size, "MiB"), (f"{quant}_convert_s", convert_s, "s")):  # fmt: skip
+            append("gguf", name, settings, metric, value, unit, command)
+        print(f"{quant}: {same}/{len(want)} identical completions, token agreement {agree:.3f}, prompt ids "
+              f"{same_ids}/{len(texts)} equal, {size:.1f} MiB, converted in {convert_s:.1f} s")  # fmt: skip
+    render()
+
+
+if __name__ == "__main__":
+    main()
