@@ -25,19 +25,22 @@ case "${1:-}" in
     cp bench/results.jsonl /tmp/results.before
     echo "${LITE_VERL_COMMIT:-unknown}" > /tmp/lv.commit
     export LITE_VERL_COMMIT=$(cat /tmp/lv.commit)
+    # SMOLLM2_JOBS / GEMMA_JOBS pick the jobs (empty: that chain is skipped), STEPS overrides the recipes' steps
     (setsid nohup bash bench/gpu_recipes.sh chain smollm2 SmolLM2-135M-Instruct.Q4_1.gguf \
-       smollm2:arithmetic,smollm2:countdown,smollm2:gsm8k > /tmp/recipes_smollm2.log 2>&1; echo $? > /tmp/recipes_smollm2.rc) &
-    (setsid nohup bash bench/gpu_recipes.sh chain gemma gemma-3-270m-q4_k_m.gguf \
-       gemma:arithmetic,gemma:countdown > /tmp/recipes_gemma.log 2>&1; echo $? > /tmp/recipes_gemma.rc) &
+       "${SMOLLM2_JOBS-smollm2:arithmetic,smollm2:countdown,smollm2:gsm8k}" > /tmp/recipes_smollm2.log 2>&1; echo $? > /tmp/recipes_smollm2.rc) &
+    if [ -n "${GEMMA_JOBS-gemma:arithmetic,gemma:countdown}" ]; then
+      (setsid nohup bash bench/gpu_recipes.sh chain gemma gemma-3-270m-q4_k_m.gguf \
+         "${GEMMA_JOBS-gemma:arithmetic,gemma:countdown}" > /tmp/recipes_gemma.log 2>&1; echo $? > /tmp/recipes_gemma.rc) &
+    else echo skipped > /tmp/recipes_gemma.rc; fi
     # #24's acceptance (bench/gpu_signals.sh) on the imported SmolLM2, beside the proofs; and lite-verl doctor
-    (setsid nohup bash -c 'until [ -f /tmp/models/SmolLM2-135M-Instruct/config.json ]; do sleep 5; done;
-       bash bench/gpu_signals.sh /tmp/models/SmolLM2-135M-Instruct' > /tmp/signals.log 2>&1; echo $? > /tmp/signals.rc) &
-    python3 -m lite_verl doctor > "$OUT/doctor.txt" 2>&1; echo "doctor exit $?" >> "$OUT/doctor.txt"
+    (setsid nohup bash -c 'until [ -f /tmp/models/smollm2/config.json ]; do sleep 5; done;
+       bash bench/gpu_signals.sh /tmp/models/smollm2' > /tmp/signals.log 2>&1; echo $? > /tmp/signals.rc) &
+    [ "${DOCTOR:-1}" = 1 ] && { python3 -m lite_verl doctor > "$OUT/doctor.txt" 2>&1; echo "doctor exit $?" >> "$OUT/doctor.txt"; }
     ;;
   wait) ;;
   chain)  # NAME GGUF JOBS: import the model, then its jobs (run by start, in the background)
     python3 -m lite_verl import-gguf "/tmp/models/$3" "/tmp/models/$2" || exit 1
-    exec python3 -m bench.recipes --model "$2=/tmp/models/$2" --jobs "$4" --gsm8k /tmp/gsm8k \
+    exec python3 -m bench.recipes --model "$2=/tmp/models/$2" --jobs "$4" --gsm8k /tmp/gsm8k --steps "${STEPS:-0}" \
       --set rollout.quantization=none --set rollout.enforce_eager=true --set rollout.gpu_memory_utilization=0.1 ;;
   *) sed -n '2,9p' "$0"; exit 2 ;;
 esac
