@@ -110,7 +110,34 @@ def record(result: dict, args: argparse.Namespace) -> None:
     )
 
 
+def record_partial(folder: Path, hw: str, why: str, command: str) -> None:
+    """The jobs of a run that did not finish (extra.tgz unpacked: JOB/before.json, JOB/metrics.jsonl): the eval
+    before, the steps reached and the mean reward of their first and last 3 steps, marked with `why`."""
+    for home in sorted(d for d in folder.iterdir() if d.is_dir()):
+        name, recipe = home.name.split("_", 1)
+        model = MODEL_NAMES.get(name, name)
+        metrics = home / "metrics.jsonl"
+        rows = [json.loads(x) for x in metrics.read_text().splitlines()] if metrics.is_file() else []
+        train = [r for r in rows if "reward/mean" in r]
+        settings = f"recipe {recipe} as shipped, PARTIAL: {why}; {len(train)} steps done"
+        if (home / "before.json").is_file():
+            before = json.loads((home / "before.json").read_text())["scores"]["all"]
+            for metric in ("greedy_acc", "mean@4", "pass@4"):
+                append("recipes", model, settings, f"{recipe}_{metric}_before", before[metric],
+                       "accuracy" if metric != "mean@4" else "reward", command, hw=hw)  # fmt: skip
+        if len(train) >= 6:
+            for key, part in (("reward_first_3_steps", train[:3]), ("reward_last_3_steps", train[-3:])):
+                value = sum(r["reward/mean"] for r in part) / 3
+                append("recipes", model, settings, f"{recipe}_{key}", value, "reward", command, hw=hw)
+            write_curve("recipes", f"{home.name}_partial", f"{model}, recipe {recipe}: {settings}",
+                        {"lite-verl": reward_curve(train)})  # fmt: skip
+        print(f"{home.name}: {len(train)} steps, rewards {[round(r['reward/mean'], 3) for r in train]}")
+    render()
+
+
 def main() -> None:
+    if sys.argv[1:2] == ["--partial"]:  # --partial DIR HARDWARE WHY COMMAND
+        return record_partial(Path(sys.argv[2]), *sys.argv[3:6])
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", action="append", default=[], help="NAME=PATH (a model dir, .gguf or Hub id)")
     p.add_argument("--jobs", required=True, help="NAME:RECIPE,...")

@@ -21,6 +21,18 @@ RESULTS = HERE / "results.jsonl"
 REPORT = HERE / "RESULTS.md"
 CURVES = HERE / "runs"  # {bench}_curve_{tag}.jsonl: learning curves shown under their bench's table
 NOTES = {  # what a reader must know about a table that its rows do not say
+    "recipes": "2026-12-05: the first GPU attempt (bench/gpu_recipes.sh) is PARTIAL. Four jobs trained at once on one "
+    "H200 for ~7 minutes (15-20 s a step: each step's rollout ran beside three other engines), then the device "
+    "machine stopped answering and was given back, and the session's device time ran out before a second try. "
+    "So the rows hold each job's eval before training and the reward of its first and last 3 steps, with no "
+    "eval after. SmolLM2 learned on both recipes: arithmetic 0.004 -> 0.19 (17 steps; its reward is 1 for a right "
+    "`#### n`), countdown 0.002 -> 0.099 (16 steps; that is mostly the 0.1 format credit, few right equations "
+    "yet). Gemma-3-270M base stayed at 0 in 10 steps: a base model with no chat template, greedy 0 before. "
+    "The gsm8k job never started: vLLM found no memory for its KV cache while 5 engines started at once on "
+    "the shared GPU. Doctor's reports from that machine and this one: bench/runs/doctor_*.txt.",
+    "gguf": "SmolLM2 here is the HF directory `lite-verl import-gguf` made from its Q4_1 GGUF (the machine has no "
+    "Hub): the round trip checks the export, not the original bf16 weights. Same-prompt-ids compares the "
+    "GGUF's tokenizer (as transformers rebuilds it from the file) with the HF one on the chat-formatted prompts.",
     "laptop": "2026-12-05: 32d4730 took 95 s where 333d3f8 took 27 s on 2026-12-02; the session's start commit "
     "5a3742c, run right after on the same machine, took 100 s: the machine is slower that day, not the code "
     "(the learning figures are identical to the earlier rows).",
