@@ -1,11 +1,12 @@
 """Benchmark: the GGUF export of a real model, loaded back, against the HF model it came from.
 
-    python -m bench.gguf_roundtrip MODEL_DIR [--quants f16,q8_0] [--prompts 8] [--tokens 32]
+    python -m bench.gguf_roundtrip MODEL_DIR [--quants f16,q8_0,q4_k_m] [--prompts 8] [--tokens 32]
 
 For each quant: lite-verl's GGUF writer (llama.cpp's converter, ship/gguf.py) -> transformers' GGUF loader;
 greedy completions of the first N GSM8K-style built-in prompts (chat template applied) compared token by
 token with the HF model's, whether the GGUF's tokenizer gives the same prompt ids, the file size and the
-conversion time. One row per figure to bench/results.jsonl.
+conversion time; with llama-cpp-python installed, llama.cpp's own greedy completions of the same prompt ids
+too (the only check a k-quant gets: transformers cannot load those). One row per figure to bench/results.jsonl.
 """
 
 from __future__ import annotations
@@ -17,6 +18,32 @@ import time
 from pathlib import Path
 
 from bench.results import append, render
+
+
+def agreement(got: list[list[int]], want: list[list[int]]) -> float:
+    """Mean over prompts of the fraction of positions where the two greedy completions hold the same token."""
+    return sum(sum(x == y for x, y in zip(a, b)) / max(len(b), 1) for a, b in zip(got, want)) / len(want)
+
+
+def llama_cpp_greedy(path: Path, prompts, tokens: int) -> list[list[int]] | None:
+    """llama.cpp itself (llama-cpp-python) continuing each prompt's ids greedily; None when it is not installed."""
+    try:
+        from llama_cpp import Llama
+    except ImportError:
+        return None
+    llm = Llama(model_path=str(path), n_ctx=1024, verbose=False, seed=0)
+    out = []
+    for ids in prompts:
+        llm.reset()
+        llm.eval(ids[0].tolist())
+        got: list[int] = []
+        for _ in range(tokens):
+            got.append(int(llm.sample(temp=0.0)))
+            if got[-1] == llm.token_eos():
+                break
+            llm.eval([got[-1]])
+        out.append(got)
+    return out
 
 
 def main() -> None:
@@ -31,7 +58,7 @@ def main() -> None:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from lite_verl.data.tasks import task_rows
-    from lite_verl.ship.gguf import check_quant, write_gguf
+    from lite_verl.ship.gguf import KQUANTS, check_quant, write_gguf
 
     src = Path(args.model)
     name = args.name or src.name
@@ -51,13 +78,21 @@ def main() -> None:
             path = write_gguf(src, Path(out), quant, "model")
             convert_s = time.perf_counter() - start
             size = path.stat().st_size / 2**20
-            gg = AutoModelForCausalLM.from_pretrained(out, gguf_file=path.name, dtype=torch.float32)
+            cpp = llama_cpp_greedy(path, prompts, args.tokens)
+            gg = None if quant in KQUANTS else AutoModelForCausalLM.from_pretrained(out, gguf_file=path.name, dtype=torch.float32)
             gtok = AutoTokenizer.from_pretrained(out, gguf_file=path.name)
+        if cpp is not None:
+            same = sum(a == b for a, b in zip(cpp, want))
+            append("gguf", name, settings, f"{quant}_llama_cpp_identical_completions", same / len(want), "fraction", command)
+            append("gguf", name, settings, f"{quant}_llama_cpp_token_agreement", agreement(cpp, want), "fraction", command)
+            print(f"{quant} in llama.cpp: {same}/{len(want)} identical completions, token agreement {agreement(cpp, want):.3f}")
+        if gg is None:  # transformers cannot load k-quants
+            continue
         same_ids = sum(gtok(t, add_special_tokens=False).input_ids == ids[0].tolist() for t, ids in zip(texts, prompts))
         with torch.no_grad():
             got = [gg.generate(ids, max_new_tokens=args.tokens, do_sample=False)[0, ids.shape[1] :].tolist() for ids in prompts]
         same = sum(a == b for a, b in zip(got, want))
-        agree = sum(sum(x == y for x, y in zip(a, b)) / max(len(b), 1) for a, b in zip(got, want)) / len(want)
+        agree = agreement(got, want)
         for metric, value, unit in ((f"{quant}_identical_completions", same / len(want), "fraction"),
                                     (f"{quant}_token_agreement", agree, "fraction"),
                                     (f"{quant}_same_prompt_ids", same_ids / len(texts), "fraction"),

@@ -20,7 +20,9 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import errno
 import os
+import shutil
 import sys
 import warnings
 from pathlib import Path
@@ -368,9 +370,14 @@ def _after_failure(run: RunDir, checkpoint: bool, error: BaseException) -> None:
         run.discard()
         return
     why = f"{type(error).__name__}: {error}".strip().rstrip(":")
-    atomic_write_text(path / "FAILED", f"stopped after step {int(max(steps))} with no checkpoint: {why}\n")
-    print(f"lite-verl: {path} keeps the metrics and logs of {len(steps)} step(s) and says why in FAILED; no "
-          f"checkpoint to resume from: set trainer.save_every=N to checkpoint during a run", file=sys.stderr)  # fmt: skip
+    try:
+        atomic_write_text(path / "FAILED", f"stopped after step {int(max(steps))} with no checkpoint: {why}\n")
+        where = "and says why in FAILED"
+    except OSError:  # the disk that failed the run may not take this file either
+        where = "(FAILED could not be written)"
+    print(f"lite-verl: {path} keeps the metrics and logs of {len(steps)} step(s) {where}; no checkpoint to "
+          "resume from was written before it stopped (trainer.save_every and save_every_minutes set how often)",
+          file=sys.stderr)  # fmt: skip
 
 
 def _load(
@@ -625,6 +632,23 @@ COMMANDS = {
 }
 
 
+# a write the disk refused: full, over quota, read-only, not permitted, failing
+DISK_ERRORS = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM, errno.EIO}
+
+
+def disk_error(e: OSError) -> str:
+    """One line for a write the disk refused: which file, why, and the way out."""
+    where = Path(e.filename).parent if e.filename else Path.cwd()
+    try:
+        free = f"; {shutil.disk_usage(where).free / 2**30:.1f} GiB free there"
+    except OSError:
+        free = ""
+    fix = {errno.ENOSPC: "free space there, or write to a bigger disk (--run-dir, OUT)",
+           errno.EDQUOT: "free space in your quota", errno.EROFS: "write to a writable disk (--run-dir, OUT)",
+           errno.EIO: "check the disk"}.get(e.errno, "write to a directory you may write to (--run-dir, OUT)")  # fmt: skip
+    return f"could not write {e.filename or 'a file'}: {e.strerror}{free}; {fix}"
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -645,6 +669,11 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("lite-verl: interrupted", file=sys.stderr)
         return 130
+    except OSError as e:
+        if e.errno not in DISK_ERRORS:
+            raise
+        print(f"lite-verl: error: {disk_error(e)}", file=sys.stderr)
+        return 2
     except Exception as e:
         from lite_verl.run.signals import Interrupted
 

@@ -120,7 +120,12 @@ class RunDir:
         -> the held lock: release it (or `with` it) when the run ends."""
         self.made = not self.path.exists()
         self.path.mkdir(parents=True, exist_ok=True)
-        lock = self.lock().acquire()  # another process that got here first: RunDirBusy, nothing written
+        try:
+            lock = self.lock().acquire()  # another process that got here first: RunDirBusy, nothing written
+        except BaseException:  # (then the directory was not made here); a lock file the disk refused
+            if self.made:
+                shutil.rmtree(self.path, ignore_errors=True)
+            raise
         try:
             if self._has_content():  # filled since check_new, by a run that has ended already
                 self.made = False
@@ -131,7 +136,8 @@ class RunDir:
             # the model's source: a Hub id's commit, to rerun exactly it
             env = {**environment(), "model": model_provenance(cfg.model)}
             atomic_write_text(self.path / "env.json", json.dumps(env, indent=2))
-        except BaseException:
+        except BaseException:  # a full or read-only disk, a signal: no half-made run directory is left
+            self.discard()
             lock.release()
             raise
         return lock
