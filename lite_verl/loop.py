@@ -330,7 +330,7 @@ def run_training(session: Session, run: RunDir, resume: bool = False) -> dict[st
     except BaseException:  # a tracker that cannot start its run
         session.close()
         raise
-    samples = SamplesLog(run.path, cfg, resume_step=start - 1 if resume else None)
+    samples = SamplesLog(run.path, cfg, start - 1 if resume else None, log.trackers.log_samples)
     sampler = PromptSampler(len(session.train_set), tr.batch_size, tr.seed, cfg.data.shuffle, consumed)
     progress = Progress(tr.total_steps, start - 1, enabled=tr.progress and log.console)
     stop = (

@@ -79,6 +79,46 @@ def test_non_finite_values_and_the_summary_do_not_crash_a_tracker(tmp_path, monk
     assert flatten({"a": [{"b": 1}]}) == {"a/0/b": 1}
 
 
+def test_samples_reach_the_trackers_as_tables(tmp_path, monkeypatch):
+    """samples.jsonl rows -> an MLflow JSON table artifact and TensorBoard text; reward parts become columns."""
+    require("mlflow")
+    from mlflow.tracking import MlflowClient
+
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    rows = [{"step": 10, "sample": i, "prompt": "Echo: ab", "completion": f"a|b {i}", "reward": 1.0 - i,
+             "reward_parts": {"rule": 1.0 - i, "length": 0.5}, "advantage": 0.7, "length": 4, "finish": "stop"}
+            for i in range(2)]  # fmt: skip
+    trackers = Trackers(tmp_path, ["tensorboard", "mlflow"], {})
+    trackers.log_samples(10, rows)
+    assert set(trackers.active) == {"tensorboard", "mlflow"}
+    trackers.finish()
+    state = json.loads((tmp_path / "trackers.json").read_text())
+    client = MlflowClient(state["mlflow"]["tracking_uri"])
+    local = client.download_artifacts(state["mlflow"]["run_id"], "samples/step_00000010.json", str(tmp_path))
+    table = json.loads(Path(local).read_text())
+    assert table["columns"] == ["step", "prompt", "completion", "reward", "reward/length", "reward/rule",
+                                "advantage", "length", "finish"]  # fmt: skip
+    assert table["data"][1] == [10, "Echo: ab", "a|b 1", 0.0, 0.5, 0.0, 0.7, 4, "stop"]
+    text = _tensorboard_texts(tmp_path / "tb")
+    assert len(text) == 1 and text[0][0] == 10 and "a\\|b 1" in text[0][1]
+
+
+def _tensorboard_texts(tb: Path) -> list[tuple[int, str]]:
+    """add_text's records (tag samples/text_summary, a string tensor) read from the event files' protobufs."""
+    from tensorboardX.proto import event_pb2
+
+    out = []
+    for f in sorted(tb.glob("events.out.tfevents.*")):
+        data, pos = f.read_bytes(), 0
+        while pos + 12 <= len(data):
+            n = int.from_bytes(data[pos : pos + 8], "little")
+            event = event_pb2.Event.FromString(data[pos + 12 : pos + 12 + n])
+            pos += 16 + n
+            out += [(event.step, v.tensor.string_val[0].decode()) for v in event.summary.value
+                    if v.tag == "samples/text_summary"]  # fmt: skip
+    return out
+
+
 def _wandb_records(path: Path):
     """The protobuf records of a .wandb file (wandb's leveldb-style log: a 7-byte header, 32 KiB blocks of
     chunks with crc32, length, type); wandb 0.31 has no Python reader of its own."""
@@ -185,6 +225,9 @@ def test_trackers_read_back_and_resume_continues_the_same_runs(tmp_path, monkeyp
     (offline,) = (run / "wandb").glob(f"offline-run-*-{wandb_id}")
     history = _wandb_history(offline)
     assert_series([(h["step"], h["reward/mean"]) for h in history if "reward/mean" in h], rewards)
+    tables = [h for h in history if "samples/_type" in h]  # samples.jsonl's last step (2) as a W&B Table
+    assert [h["step"] for h in tables] == [2] and tables[0]["samples/_type"] == "table-file"
+    assert client.list_artifacts(run_id, "samples")[0].path == "samples/step_00000002.json"
 
     # resume: the same MLflow run and W&B run id, steps appended
     again = _train(tmp_path, "--resume", "run", "--set", "trainer.total_steps=3")

@@ -16,7 +16,7 @@ after the checkpoint's step are dropped (files.drop_rows_after, as metrics.jsonl
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -100,8 +100,15 @@ def sample_rows(
 class SamplesLog:
     """RUN/samples.jsonl, written at the steps `due` says. On resume, rows after the checkpoint's step go."""
 
-    def __init__(self, run: Path, cfg: Config, resume_step: int | None = None) -> None:
+    def __init__(
+        self,
+        run: Path,
+        cfg: Config,
+        resume_step: int | None = None,
+        to_trackers: Callable[[int, list[dict[str, Any]]], None] | None = None,
+    ) -> None:
         self.file = Path(run) / FILE
+        self.to_trackers = to_trackers  # the same rows, as a table to trainer.loggers' trackers
         tr = cfg.trainer
         self.every, self.per_step, self.total_steps = tr.samples_every, tr.samples_per_step, tr.total_steps
         self.max_new_tokens = cfg.rollout.max_new_tokens
@@ -136,6 +143,8 @@ class SamplesLog:
     def write(self, rows: list[dict[str, Any]]) -> None:
         if rows:
             append_jsonl(self.file, rows)
+            if self.to_trackers is not None:
+                self.to_trackers(rows[0]["step"], rows)
 
 
 def read_samples(run: Path) -> list[dict[str, Any]]:

@@ -7,7 +7,8 @@
     mlflow       MLflow; MLFLOW_TRACKING_URI, else a file store in RUN/mlruns (MLFLOW_ALLOW_FILE_STORE set)
     trackio      Trackio (Hugging Face's local-first tracker); TRACKIO_DIR says where it keeps its database
 
-Each tracker is imported only when named. The run ids of wandb, mlflow and trackio are kept in
+A step's sample completions (RUN/samples.jsonl's rows) go to each tracker as a table: a W&B Table, an MLflow
+JSON table artifact (samples/step_N.json), a Trackio Table, TensorBoard text. Each tracker is imported only when named. The run ids of wandb, mlflow and trackio are kept in
 RUN/trackers.json so that `lite-verl train --resume RUN` continues the same tracked run. Every tracker gets
 the resolved config once, each step's metrics (finite numbers only), the summary at the end, and `finish`
 on every exit path. A tracker that fails while logging warns once and is dropped: training goes on.
@@ -37,6 +38,8 @@ PROJECT = "lite-verl"  # W&B project, MLflow experiment, Trackio project unless 
 class Tracker(Protocol):
     def log(self, step: int, metrics: Mapping[str, float]) -> None: ...
 
+    def log_samples(self, step: int, columns: list[str], rows: list[list[Any]]) -> None: ...
+
     def log_config(self, config: dict[str, Any]) -> None: ...
 
     def log_summary(self, summary: Mapping[str, float]) -> None: ...
@@ -60,6 +63,26 @@ def require_trackers(tr: TrainerConfig) -> None:
         if name in PACKAGES and importlib.util.find_spec(PACKAGES[name][0]) is None:
             module, extra = PACKAGES[name]
             raise MissingDependency(module, extra, f"trainer.loggers={name}")
+
+
+def sample_table(rows: Sequence[Mapping[str, Any]]) -> tuple[list[str], list[list[Any]]]:
+    """samples.jsonl rows as one table: fixed columns, then one `reward/<part>` column per reward function."""
+    parts = sorted({k for r in rows for k in (r.get("reward_parts") or {})})
+    columns = ["step", "prompt", "completion", "reward", *(f"reward/{p}" for p in parts), "advantage", "length",
+               "finish"]  # fmt: skip
+    table = [[r.get("step"), r.get("prompt"), r.get("completion"), r.get("reward"),
+              *((r.get("reward_parts") or {}).get(p) for p in parts), r.get("advantage"), r.get("length"),
+              r.get("finish")] for r in rows]  # fmt: skip
+    return columns, table
+
+
+def markdown_table(columns: list[str], rows: list[list[Any]]) -> str:
+    def cell(v: Any) -> str:
+        text = f"{v:.4g}" if isinstance(v, float) else str(v)
+        return text.replace("|", "\\|").replace("\n", "<br>")
+
+    lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+    return "\n".join(lines + ["| " + " | ".join(cell(v) for v in r) + " |" for r in rows])
 
 
 def finite(metrics: Mapping[str, Any]) -> dict[str, float]:
@@ -116,6 +139,9 @@ class TensorBoardTracker:
         for k, v in metrics.items():
             self.writer.add_scalar(k, v, step)
 
+    def log_samples(self, step: int, columns: list[str], rows: list[list[Any]]) -> None:
+        self.writer.add_text("samples", markdown_table(columns, rows), step)
+
     def log_config(self, config: dict[str, Any]) -> None:
         pass  # RUN/config.yaml has it; TensorBoard's hparams tab needs a metric per config, not worth it
 
@@ -146,6 +172,11 @@ class WandbTracker:
 
     def log(self, step: int, metrics: Mapping[str, float]) -> None:
         self.run.log({**metrics, "step": step})
+
+    def log_samples(self, step: int, columns: list[str], rows: list[list[Any]]) -> None:
+        import wandb
+
+        self.run.log({"samples": wandb.Table(columns=columns, data=rows, allow_mixed_types=True), "step": step})
 
     def log_config(self, config: dict[str, Any]) -> None:
         self.run.config.update(config, allow_val_change=True)
@@ -186,6 +217,10 @@ class MlflowTracker:
     def log(self, step: int, metrics: Mapping[str, float]) -> None:
         self.mlflow.log_metrics({self._key(k): v for k, v in metrics.items()}, step=step)
 
+    def log_samples(self, step: int, columns: list[str], rows: list[list[Any]]) -> None:
+        """The table in the split JSON layout mlflow.log_table writes (that one needs pandas; -skinny has none)."""
+        self.mlflow.log_dict({"columns": columns, "data": rows}, f"samples/step_{step:08d}.json")
+
     def log_config(self, config: dict[str, Any]) -> None:
         """Params once each (MLflow refuses a changed value: a resume's --set lands in config.json only)."""
         have = self.mlflow.get_run(self.run_id).data.params
@@ -215,6 +250,9 @@ class TrackioTracker:
 
     def log(self, step: int, metrics: Mapping[str, float]) -> None:
         self.trackio.log(dict(metrics), step=step)
+
+    def log_samples(self, step: int, columns: list[str], rows: list[list[Any]]) -> None:
+        self.trackio.log({"samples": self.trackio.Table(columns=columns, data=rows, allow_mixed_types=True)}, step=step)
 
     def log_config(self, config: dict[str, Any]) -> None:
         pass  # given to trackio.init
@@ -267,6 +305,11 @@ class Trackers:
 
     def log_config(self, config: dict[str, Any]) -> None:
         self._each("log_config", config)
+
+    def log_samples(self, step: int, rows: Sequence[Mapping[str, Any]]) -> None:
+        """RUN/samples.jsonl's rows of one step, as a table to each tracker."""
+        if rows and self.active:
+            self._each("log_samples", step, *sample_table(rows))
 
     def log_summary(self, summary: Mapping[str, Any]) -> None:
         """The summary's numbers (the bill's rows flattened: bill/0/cost_usd, ...)."""
