@@ -180,8 +180,7 @@ def make_experience(
         kl_ctrl.update(kl, n_steps=int(mask.shape[0]))
     advantages, returns = compute_advantages(rewards, mask, group_ids, cfg, values, baselines)
     is_weights = None
-    if cfg.rollout_correction != "none":
-        assert old is not None
+    if cfg.rollout_correction != "none" and old is not None:  # else formed in the update (_actor_grads)
         is_weights, is_metrics = algos.compute_rollout_is_weights(
             old, rollout.rollout_log_probs, mask, cfg.rollout_correction, cfg.rollout_is_threshold
         )
@@ -203,6 +202,11 @@ def make_experience(
     return exp, metrics
 
 
+def on_policy(cfg: AlgorithmConfig) -> bool:
+    """One epoch over one mini-batch: the policy the update starts from is the one whose log-probs it uses."""
+    return cfg.ppo_epochs == 1 and cfg.ppo_mini_batch_size == 0
+
+
 def _no_grad_forwards(
     backend: TrainBackend,
     rollout: RolloutBatch,
@@ -213,13 +217,14 @@ def _no_grad_forwards(
 ) -> tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor | None]:
     """-> (old log-probs, reference log-probs, values), each [N, R] or None when nothing needs it.
 
-    Old log-probs are recomputed by the trainer unless the update is a single on-policy step with
-    nothing else needing them: then they equal the first forward of the update, detached. With several
+    Old log-probs are recomputed by the trainer unless the update is a single on-policy step (one epoch,
+    one mini-batch) and no in-reward KL needs them: then they equal the first forward of the update,
+    detached, and the rollout-correction weights (per token or per row) are formed inside the update from
+    that forward (_actor_grads), with the same maths and no extra pass. With several
     ranks each computes its block of rows and gathers the rest (W times less compute than every rank
     doing all rows); everything after that is cheap and computed whole, identically, on every rank.
     """
-    on_policy = cfg.ppo_epochs == 1 and cfg.ppo_mini_batch_size == 0
-    need_old = not on_policy or cfg.use_kl_in_reward or cfg.rollout_correction != "none"
+    need_old = not on_policy(cfg) or cfg.use_kl_in_reward
     need_ref = cfg.use_kl_loss or cfg.use_kl_in_reward
     mine = rollout.take(ranks.share(rollout.response_mask.shape[0])) if ranks.world > 1 else rollout
 
@@ -380,6 +385,13 @@ def _actor_grads(
         )
         old = log_prob.detach() if m.old_log_probs is None else m.old_log_probs.to(log_prob.device)
         is_w = None if m.is_weights is None else m.is_weights.to(log_prob.device)
+        if m.old_log_probs is None and cfg.rollout_correction != "none":  # on-policy: old is this forward
+            is_w, is_metrics = algos.compute_rollout_is_weights(
+                old, m.rollout_log_probs.to(old.device), mask, cfg.rollout_correction, cfg.rollout_is_threshold
+            )
+            for k, v in is_metrics.items():
+                key = f"rollout/{k}"
+                out[key] = max(out[key], float(v)) if k.endswith("_max") else out[key] + float(v) * share
         pg_loss, pg_metrics = algos.compute_policy_loss(
             old, log_prob, m.advantages.to(log_prob.device), mask, cfg.loss_agg_mode,
             cfg.clip_ratio_low, cfg.clip_ratio_high, cfg.clip_ratio_c, is_w, **norm,

@@ -68,6 +68,45 @@ def test_micro_batch_size_does_not_change_the_maths():
     assert one[1]["actor/kl_loss"] == pytest.approx(four[1]["actor/kl_loss"], rel=1e-3, abs=1e-8)
 
 
+def _corrected_steps(monkeypatch, separate_pass: bool, level: str) -> list[dict[str, float]]:
+    """Two steps with rollout correction against an engine whose log-probs are off by noise."""
+    from dataclasses import replace
+
+    from lite_verl import update
+    from lite_verl.data.loader import PromptSampler
+    from lite_verl.run.cost import Ledger
+
+    if separate_pass:  # the old path: a no-grad "experience" forward gives old, weights formed before the update
+        monkeypatch.setattr(update, "on_policy", lambda cfg: False)
+    cfg = load_config("laptop", None, SMALL + [f"algorithm.rollout_correction={level}", "train.micro_batch_size=2"])
+    session = prepare(cfg)
+    generate = session.engine.generate
+
+    def noisy(*args, **kwargs):
+        out = generate(*args, **kwargs)
+        noise = torch.randn(out.rollout_log_probs.shape, generator=torch.Generator().manual_seed(1)) * 0.3
+        return replace(out, rollout_log_probs=out.rollout_log_probs + noise * out.response_mask)
+
+    session.engine.generate = noisy
+    sampler = PromptSampler(len(session.train_set), cfg.trainer.batch_size, cfg.trainer.seed, True)
+    ledger = Ledger.from_config(cfg)
+    return [train_step(session, sampler, step, ledger) for step in (1, 2)]
+
+
+@pytest.mark.parametrize("level", ["token", "sequence"])
+def test_rollout_correction_in_the_update_equals_a_separate_pass(monkeypatch, level):
+    """On-policy (one epoch, one mini-batch): the IS weights formed from the update's own forward give the
+    loss, gradient and IS metrics of the separate no-grad pass they replace (#29 goal 6)."""
+    fast = _corrected_steps(monkeypatch, False, level)
+    slow = _corrected_steps(monkeypatch, True, level)
+    for a, b in zip(fast, slow):
+        assert a["rollout/is_weight_mean"] != pytest.approx(1.0, abs=1e-3)  # the weights matter here
+        for key in ("actor/loss", "actor/pg_loss", "actor/grad_norm", "rollout/is_weight_mean",
+                    "rollout/is_weight_max", "rollout/is_truncated_frac", "reward/mean"):  # fmt: skip
+            assert a[key] == pytest.approx(b[key], rel=1e-4, abs=1e-6), key
+    assert fast[0]["timing/experience_s"] < slow[0]["timing/experience_s"]
+
+
 def test_update_changes_the_policy_and_reference_stays():
     cfg = load_config("laptop", None, SMALL)
     session = prepare(cfg)
