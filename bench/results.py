@@ -32,7 +32,12 @@ NOTES = {  # what a reader must know about a table that its rows do not say
     "the shared GPU. Doctor's reports from that machine and this one: bench/runs/doctor_*.txt.",
     "gguf": "SmolLM2 here is the HF directory `lite-verl import-gguf` made from its Q4_1 GGUF (the machine has no "
     "Hub): the round trip checks the export, not the original bf16 weights. Same-prompt-ids compares the "
-    "GGUF's tokenizer (as transformers rebuilds it from the file) with the HF one on the chat-formatted prompts.",
+    "GGUF's tokenizer (as transformers rebuilds it from the file) with the HF one on the chat-formatted prompts. "
+    "The llama_cpp rows are llama.cpp itself (llama-cpp-python 0.3.36, CPU) continuing the same prompt ids: f16 "
+    "matches the HF model token for token; q8_0 (3/8) and q4_k_m (0/8) diverge more there than q8_0 does "
+    "dequantized in transformers (6/8), since llama.cpp also quantizes the activations of its q8_0 matmuls, "
+    "and q4_k_m re-quantizes weights that were 4-bit (Q4_1) already. Token agreement counts equal tokens at "
+    "equal positions, so one early divergence costs the rest of a completion.",
     "laptop": "2026-12-05: 32d4730 took 95 s where 333d3f8 took 27 s on 2026-12-02; the session's start commit "
     "5a3742c, run right after on the same machine, took 100 s: the machine is slower that day, not the code "
     "(the learning figures are identical to the earlier rows).",
