@@ -103,20 +103,23 @@ def test_samples_reach_the_trackers_as_tables(tmp_path, monkeypatch):
     assert len(text) == 1 and text[0][0] == 10 and "a\\|b 1" in text[0][1]
 
 
-def _tensorboard_texts(tb: Path) -> list[tuple[int, str]]:
-    """add_text's records (tag samples/text_summary, a string tensor) read from the event files' protobufs."""
+def _tensorboard_events(tb: Path):
+    """Every event of the event files, read as TFRecords (length (8), crc (4), data, crc (4)) of
+    tensorboardX's Event protobuf: no `tensorboard` package needed."""
     from tensorboardX.proto import event_pb2
 
-    out = []
     for f in sorted(tb.glob("events.out.tfevents.*")):
         data, pos = f.read_bytes(), 0
         while pos + 12 <= len(data):
             n = int.from_bytes(data[pos : pos + 8], "little")
-            event = event_pb2.Event.FromString(data[pos + 12 : pos + 12 + n])
+            yield event_pb2.Event.FromString(data[pos + 12 : pos + 12 + n])
             pos += 16 + n
-            out += [(event.step, v.tensor.string_val[0].decode()) for v in event.summary.value
-                    if v.tag == "samples/text_summary"]  # fmt: skip
-    return out
+
+
+def _tensorboard_texts(tb: Path) -> list[tuple[int, str]]:
+    """add_text's records: tag samples/text_summary, a string tensor."""
+    return [(e.step, v.tensor.string_val[0].decode()) for e in _tensorboard_events(tb) for v in e.summary.value
+            if v.tag == "samples/text_summary"]  # fmt: skip
 
 
 def _wandb_records(path: Path):
@@ -153,17 +156,7 @@ def _tensorboard_scalars(tb: Path, tag: str) -> list[tuple[int, float]]:
     try:
         from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
     except ImportError:
-        from tensorboardX.proto import event_pb2  # TFRecords: length (8), crc (4), data, crc (4)
-
-        out = []
-        for f in sorted(tb.glob("events.out.tfevents.*")):
-            data, pos = f.read_bytes(), 0
-            while pos + 12 <= len(data):
-                n = int.from_bytes(data[pos : pos + 8], "little")
-                event = event_pb2.Event.FromString(data[pos + 12 : pos + 12 + n])
-                pos += 16 + n
-                out += [(event.step, v.simple_value) for v in event.summary.value if v.tag == tag]
-        return out
+        return [(e.step, v.simple_value) for e in _tensorboard_events(tb) for v in e.summary.value if v.tag == tag]
     events = EventAccumulator(str(tb))
     events.Reload()
     return [(e.step, e.value) for e in events.Scalars(tag)]
