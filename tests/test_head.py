@@ -39,6 +39,22 @@ def test_fused_matches_materialised_logits(monkeypatch, temperature):
         assert torch.allclose(got, want, atol=2e-4, rtol=1e-4), (got - want).abs().max()
 
 
+def test_an_unused_output_gets_no_gradient_term(monkeypatch):
+    """The entropy computed for logging only (entropy_coeff=0), or the log-probs unused: the gradient is that
+    of the output the loss uses (the unused one's term is skipped, not multiplied by zeros)."""
+    monkeypatch.setattr(head, "CHUNK_ROWS", 40)
+    torch.manual_seed(2)
+    weight = torch.randn(97, 16, dtype=torch.float64).requires_grad_()
+    hidden = torch.randn(2, 8, 16, dtype=torch.float64).requires_grad_()
+    targets = torch.randint(0, 97, (2, 8))
+    lp, ent = fused_log_probs(hidden, weight, targets, 1.0, True, True)
+    rlp, rent = _reference(hidden, weight, targets, 1.0, True)
+    for got, want in ((lp, rlp), (ent, rent)):
+        g = torch.autograd.grad(got.double().sum(), (hidden, weight), retain_graph=True)
+        r = torch.autograd.grad(want.double().sum(), (hidden, weight), retain_graph=True)
+        assert all(torch.allclose(a, b, atol=2e-4, rtol=1e-4) for a, b in zip(g, r))
+
+
 def test_fused_without_entropy_and_in_bf16():
     torch.manual_seed(1)
     weight = torch.randn(50, 8, dtype=torch.bfloat16)  # frozen head (LoRA): no weight gradient asked

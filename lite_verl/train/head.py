@@ -166,6 +166,9 @@ class _FusedLogProbs(torch.autograd.Function):
                 ent[a : a + step] = lse[a : a + step] - (p * z).sum(-1)
         ctx.save_for_backward(hidden, weight, targets, lse, ent)
         ctx.temperature, ctx.fp32, ctx.with_entropy = temperature, fp32, with_entropy
+        # an output the loss does not use (the entropy when entropy_coeff=0) gets None, not a zeros
+        # gradient: its term, a [tokens, vocabulary] product per block, is then skipped in backward
+        ctx.set_materialize_grads(False)
         if not with_entropy:
             ctx.mark_non_differentiable(ent)
         return logp.view(targets.shape), ent.view(targets.shape)
@@ -190,9 +193,11 @@ class _FusedLogProbs(torch.autograd.Function):
                 logq = _block_logits(h[a : a + step], w, ctx.temperature, ctx.fp32) - lse[a : a + step, None]
                 p = torch.exp(logq)
                 dz = p * (-g_logp[a : a + step, None])
-                hit = (t[a : a + step] >= s) & (t[a : a + step] < s + w.shape[0])
-                rows = hit.nonzero().squeeze(1)
-                dz[rows, t[a : a + step][rows] - s] += g_logp[a : a + step][rows]
+                # + g_logp at each token's target when it lies in this chunk; no host sync (no nonzero())
+                local = t[a : a + step] - s
+                inside = (local >= 0) & (local < w.shape[0])
+                hit = torch.where(inside, g_logp[a : a + step], torch.zeros_like(g_logp[a : a + step]))
+                dz.scatter_add_(1, local.clamp(0, w.shape[0] - 1)[:, None], hit[:, None])
                 if g_ent is not None:
                     dz -= p * (logq + ent[a : a + step, None]) * g_ent[a : a + step, None]
                 dz *= scale
