@@ -369,3 +369,26 @@ def test_host_peak_memory_without_the_posix_resource_module(monkeypatch):
 
     monkeypatch.setattr(py_builtins, "__import__", no_resource)
     assert host_peak_gib() is None
+
+
+def test_bf16_model_runs_its_adapters_in_bf16_with_fp32_master_weights():
+    """A bf16 model: the LoRA matmuls compute in bf16 under autocast (not peft's fp32 upcast), the adapter
+    weights, their gradients and AdamW's state stay fp32, and the log-probs match the fp32-adapter forward
+    to bf16 precision (#29: bf16 compute, fp32 master weights)."""
+    cfg = load_config("laptop", None, SMALL + ["model.dtype=bfloat16"])
+    backend = prepare(cfg).backend
+    assert backend.compute_dtype == torch.bfloat16
+    seen = []
+    lora_a = next(m for n, m in backend.model.named_modules() if n.endswith("lora_A.default"))
+    lora_a.register_forward_hook(lambda mod, args, out: seen.append(out.dtype))
+    ids = torch.randint(3, 200, (2, 24), generator=torch.Generator().manual_seed(0))
+    lp, _ = backend.forward(ids, torch.ones_like(ids), 12, 1.0, True)
+    assert seen and set(seen) == {torch.bfloat16}
+    lp.sum().backward()
+    assert all(p.dtype == torch.float32 and p.grad is not None and p.grad.dtype == torch.float32 for p in backend.params)
+    backend.compute_dtype = None  # peft's own way: the adapters in fp32
+    seen.clear()
+    with torch.no_grad():
+        fp32_adapters, _ = backend.forward(ids, torch.ones_like(ids), 12, 1.0)
+    assert set(seen) == {torch.float32}
+    assert (lp.detach() - fp32_adapters).abs().max() < 0.1  # bf16 rounding of the adapters' small products

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 
 import torch
@@ -96,6 +96,12 @@ class LoraBackend:
         self.fused_head = type(head) is torch.nn.Linear and head.bias is None
         self.fp32_head = self.fused_head and fp32_lm_head and head.weight.dtype != torch.float32
         self.optimizer = torch.optim.AdamW(self.params, lr=cfg.lr, weight_decay=cfg.weight_decay)
+        # peft keeps the adapters in fp32 (master weights; AdamW's state is fp32 too) and, left alone, runs
+        # them in fp32: each adapted linear casts its input up and multiplies in fp32. A bf16/fp16 model's
+        # forward runs under autocast instead, so the adapters compute in the model's dtype like the rest
+        # of the model (verl's and HF Trainer's bf16 maths) while their weights and gradients stay fp32.
+        dtype = self.model.get_base_model().get_input_embeddings().weight.dtype
+        self.compute_dtype = dtype if dtype in (torch.bfloat16, torch.float16) else None
         self.grad_clip = cfg.grad_clip
         self.value_head: torch.nn.Linear | None = None
         self._adapter_config: dict | None = None
@@ -134,9 +140,10 @@ class LoraBackend:
         assert self.value_head is not None, "enable_critic() first"
         input_ids, attention_mask = input_ids.to(self.device), attention_mask.to(self.device)
         backbone = self.model.get_base_model().base_model  # the decoder without its LM head
-        out = backbone(
-            input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids(attention_mask)
-        )
+        with self._autocast():
+            out = backbone(
+                input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids(attention_mask)
+            )
         hidden = out.last_hidden_state[:, -response_length - 1 : -1]
         return self.value_head(hidden.float()).squeeze(-1)
 
@@ -185,11 +192,19 @@ class LoraBackend:
             from lite_verl.train.head import fused_log_probs
 
             causal_lm = self.model.get_base_model()
-            hidden = causal_lm.base_model(**kwargs).last_hidden_state[:, -response_length - 1 : -1]
-            weight = causal_lm.get_output_embeddings().weight
+            with self._autocast():
+                hidden = causal_lm.base_model(**kwargs).last_hidden_state[:, -response_length - 1 : -1]
+            weight = causal_lm.get_output_embeddings().weight  # the head: fp32 products, outside autocast
             return fused_log_probs(hidden, weight, targets, temperature, self.fp32_head, with_entropy)
-        logits = self.model(**kwargs).logits[:, -response_length - 1 : -1]
+        with self._autocast():
+            logits = self.model(**kwargs).logits[:, -response_length - 1 : -1]
         return response_log_probs(logits, targets, temperature, with_entropy)
+
+    def _autocast(self):
+        """The forward's compute in the model's dtype (bf16/fp16 models; fp32 ones are left as they are)."""
+        if self.compute_dtype is None:
+            return nullcontext()
+        return torch.autocast(self.device.type, dtype=self.compute_dtype)
 
     # --- update --------------------------------------------------------------------------------
     def zero_grad(self) -> None:
