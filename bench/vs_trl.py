@@ -12,7 +12,8 @@ sleeping during updates, --sync adapter|merged) vs TRL's vLLM colocate mode (TRL
 weights merged and loaded into vLLM each step), micro-batches of 32 sequences on both (TRL: per-device
 batch 32, 8 accumulation steps = one optimizer step per generation batch).
 Throughput = (generated tokens + tokens through the update's forward/backward) / wall seconds of the
-training loop (model loading excluded). Also: the echo reward of the last 10% of steps, and on a GPU the
+training loop (model loading excluded). The steady_* figures measure both sides alike: the steps after
+--warmup (2), mean step seconds and tokens/s over them, and each side's generated tokens per step. Also: the echo reward of the last 10% of steps, and on a GPU the
 peak memory used on the device (nvidia-smi, both lite-verl processes together). Each run's reward per
 step and wall time of both trainers (means over the runs) go to bench/runs/vs_trl_curve_*.jsonl, shown in
 RESULTS.md. --repeats N (3 by default on a CPU, whose timings scatter by tens of percent from run to run)
@@ -45,6 +46,7 @@ class Shared:
 
 
 CPU, GPU = Shared(), Shared(prompts=32, new_tokens=256, lr=1e-5, micro=32)
+WARMUP = [2]  # steps left out of the steady figures (--warmup)
 CURVES: dict[
     str, list[list[tuple[int, float, float]]]
 ] = {}  # trainer -> per run: (step, wall s so far, reward)
@@ -66,6 +68,17 @@ class PeakGpuMemory:
         self.proc.terminate()
         out, _ = self.proc.communicate(timeout=10)
         self.peak_gib = max((float(x) for x in out.split() if x.strip()), default=0.0) / 1024
+
+
+def steady(durations: list[float], gen: list[float], trained: list[float], warmup: int) -> dict[str, float]:
+    """Both sides measured alike: the steps after the first `warmup` (compiles, cold caches, allocator growth)
+    -> mean step seconds, (generated + trained tokens) / their seconds, and generated tokens per step (the two
+    sides sample different lengths unless EOS is ignored: the row says how different)."""
+    d, g, t = durations[warmup:], gen[warmup:], trained[warmup:]
+    if not d:
+        return {}
+    return {"steady_step_s": statistics.mean(d), "steady_tokens_per_s": (sum(g) + sum(t)) / sum(d),
+            "gen_tokens_per_step": statistics.mean(g)}  # fmt: skip
 
 
 def lite_verl(
@@ -97,6 +110,9 @@ def lite_verl(
     # are parts of update
     for phase in ("rollout", "update", "experience", "optimizer", "sync"):
         out[f"{phase}_s"] = statistics.median(r.get(f"timing/{phase}_s", 0.0) for r in train)
+    out.update(steady([r["timing/step_s"] for r in train],
+                      [r["perf/gen_tokens_per_s"] * r["timing/rollout_s"] for r in train],
+                      [r["perf/tokens_per_s"] * r["timing/step_s"] for r in train], WARMUP[0]))  # fmt: skip
     if gpu:
         out["peak_gpu_memory_gib"] = mem.peak_gib
     CURVES.setdefault("lite-verl", []).append(reward_curve(train))
@@ -174,6 +190,11 @@ def trl(model: str, steps: int, s: Shared, gpu: bool, seed: int = 0) -> dict[str
     rewards = [x.get("reward", x.get("rewards/reward/mean", 0.0)) for x in steps_logged]
     out = {"tokens_per_s": (gen + trained) / wall, "step_s": wall / max(len(steps_logged), 1),
            "reward_last_10pct": statistics.mean(rewards[-k:]), "wall_s": wall}  # fmt: skip
+    clock = [0.0] + [x["_wall_s"] for x in steps_logged]
+    seen = [0.0] + [x.get("num_tokens", 0.0) for x in steps_logged]  # cumulative
+    out.update(steady([b - a for a, b in zip(clock, clock[1:])],
+                      [x["completions/mean_length"] * s.prompts * s.n for x in steps_logged],
+                      [b - a for a, b in zip(seen, seen[1:])], WARMUP[0]))  # fmt: skip
     if gpu:
         out["peak_gpu_memory_gib"] = mem.peak_gib
     CURVES.setdefault("TRL", []).append(
@@ -243,7 +264,9 @@ def main() -> None:
     ap.add_argument(
         "--repeats", type=int, default=0, help="runs per side, alternating (default: 3 on CPU, 1 on GPU)"
     )
+    ap.add_argument("--warmup", type=int, default=2, help="steps left out of the steady_* figures on both sides")
     args = ap.parse_args()
+    WARMUP[0] = args.warmup
     args.repeats = args.repeats or (1 if args.gpu else 3)
     s = GPU if args.gpu else CPU
     model = args.model
@@ -267,6 +290,12 @@ def main() -> None:
             record(who, r)
     ratio = median["lite_verl"]["tokens_per_s"] / median["trl"]["tokens_per_s"]
     append("vs_trl", label, settings, "lite_verl_over_trl_tokens_per_s", ratio, "ratio", cmd)
+    if "steady_step_s" in median["lite_verl"] and "steady_step_s" in median["trl"]:  # measured alike
+        lv, tr = median["lite_verl"], median["trl"]
+        append("vs_trl", label, settings, "trl_over_lite_verl_steady_step_s", tr["steady_step_s"] / lv["steady_step_s"],
+               "ratio", cmd)  # fmt: skip
+        append("vs_trl", label, settings, "lite_verl_over_trl_steady_tokens_per_s",
+               lv["steady_tokens_per_s"] / tr["steady_tokens_per_s"], "ratio", cmd)  # fmt: skip
     if args.repeats > 1:  # how far single pairs scatter
         pairs = [a["tokens_per_s"] / b["tokens_per_s"] for a, b in zip(runs["lite_verl"], runs["trl"])]
         append("vs_trl", label, settings, "pair_ratio_min", min(pairs), "ratio", cmd)
