@@ -207,7 +207,9 @@ def _add_run_commands(sub) -> None:
                    "q4_k_m (needs llama-cpp-python)")  # fmt: skip
     p.add_argument("--push-to-hub", metavar="ORG/NAME", default="", help="upload the export to this Hub repo")
     p.add_argument("--private", action="store_true", help="--push-to-hub: create the repo private")
-    p.add_argument("--dry-run", action="store_true", help="--push-to-hub: list what would be uploaded, upload nothing")
+    p.add_argument(
+        "--dry-run", action="store_true", help="--push-to-hub: list what would be uploaded, upload nothing"
+    )
 
     p = sub.add_parser(
         "eval",
@@ -371,7 +373,9 @@ def _after_failure(run: RunDir, checkpoint: bool, error: BaseException) -> None:
         return
     why = f"{type(error).__name__}: {error}".strip().rstrip(":")
     try:
-        atomic_write_text(path / "FAILED", f"stopped after step {int(max(steps))} with no checkpoint: {why}\n")
+        atomic_write_text(
+            path / "FAILED", f"stopped after step {int(max(steps))} with no checkpoint: {why}\n"
+        )
         where = "and says why in FAILED"
     except OSError:  # the disk that failed the run may not take this file either
         where = "(FAILED could not be written)"
@@ -532,9 +536,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
 
 def cmd_export(args: argparse.Namespace) -> int:
-    from lite_verl.tools.export import export_run
-
     from lite_verl.ship import hub
+    from lite_verl.tools.export import export_run
 
     repo = hub.check_repo_id(args.push_to_hub) if args.push_to_hub else ""
     if args.dry_run and not repo:
@@ -548,7 +551,9 @@ def cmd_export(args: argparse.Namespace) -> int:
         if args.dry_run:
             print("dry run: nothing was uploaded")
         else:
-            print(f"pushed: {hub.push(out, repo, args.private, f'lite-verl export of {Path(args.run).name}')}")
+            print(
+                f"pushed: {hub.push(out, repo, args.private, f'lite-verl export of {Path(args.run).name}')}"
+            )
     return 0
 
 
@@ -645,8 +650,9 @@ def disk_error(e: OSError) -> str:
         free = ""
     fix = {errno.ENOSPC: "free space there, or write to a bigger disk (--run-dir, OUT)",
            errno.EDQUOT: "free space in your quota", errno.EROFS: "write to a writable disk (--run-dir, OUT)",
-           errno.EIO: "check the disk"}.get(e.errno, "write to a directory you may write to (--run-dir, OUT)")  # fmt: skip
-    return f"could not write {e.filename or 'a file'}: {e.strerror}{free}; {fix}"
+           errno.EIO: "check the disk"}.get(e.errno, "check its permissions, or use a directory you may write to (--run-dir, OUT)")  # fmt: skip
+    verb = "could not access" if e.errno in (errno.EACCES, errno.EPERM) else "could not write"
+    return f"{verb} {e.filename or 'a file'}: {e.strerror}{free}; {fix}"
 
 
 def main(argv: list[str] | None = None) -> int:

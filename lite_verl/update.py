@@ -387,7 +387,11 @@ def _actor_grads(
         is_w = None if m.is_weights is None else m.is_weights.to(log_prob.device)
         if m.old_log_probs is None and cfg.rollout_correction != "none":  # on-policy: old is this forward
             is_w, is_metrics = algos.compute_rollout_is_weights(
-                old, m.rollout_log_probs.to(old.device), mask, cfg.rollout_correction, cfg.rollout_is_threshold
+                old,
+                m.rollout_log_probs.to(old.device),
+                mask,
+                cfg.rollout_correction,
+                cfg.rollout_is_threshold,
             )
             for k, v in is_metrics.items():
                 key = f"rollout/{k}"

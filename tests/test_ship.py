@@ -166,3 +166,17 @@ def test_llama_cpp_runs_the_export_and_quantizes_it(shipped):
     out = cli("export", "run", "k", "--format", "gguf", "--quant", "q4_k_m", cwd=shipped)
     assert out.returncode == 0, out.stderr[-2000:]
     assert (shipped / "k" / "model-q4_k_m.gguf").stat().st_size < (shipped / "gguff16" / "model-f16.gguf").stat().st_size
+
+
+def test_export_never_replaces_what_is_not_an_earlier_export(shipped):
+    (shipped / "mine").mkdir()
+    (shipped / "mine" / "notes.txt").write_text("keep me")
+    out = cli("export", "run", "mine", cwd=shipped)
+    assert out.returncode == 2 and "exists and is not empty" in out.stderr
+    assert (shipped / "mine" / "notes.txt").read_text() == "keep me"
+    for inside in ("run", "run/sub", "."):
+        out = cli("export", "run", inside, cwd=shipped)
+        assert out.returncode == 2, inside
+    assert (shipped / "run" / "config.yaml").is_file()
+    out = cli("export", "run", "gguff16", "--format", "gguf", "--quant", "f16", cwd=shipped)  # an earlier export
+    assert out.returncode == 0, out.stderr[-2000:]

@@ -376,7 +376,8 @@ def test_bf16_model_runs_its_adapters_in_bf16_with_fp32_master_weights():
     weights, their gradients and AdamW's state stay fp32, and the log-probs match the fp32-adapter forward
     to bf16 precision (#29: bf16 compute, fp32 master weights)."""
     cfg = load_config("laptop", None, SMALL + ["model.dtype=bfloat16"])
-    backend = prepare(cfg).backend
+    session = prepare(cfg)
+    backend = session.backend
     assert backend.compute_dtype == torch.bfloat16
     seen = []
     lora_a = next(m for n, m in backend.model.named_modules() if n.endswith("lora_A.default"))
@@ -392,3 +393,7 @@ def test_bf16_model_runs_its_adapters_in_bf16_with_fp32_master_weights():
         fp32_adapters, _ = backend.forward(ids, torch.ones_like(ids), 12, 1.0)
     assert set(seen) == {torch.float32}
     assert (lp.detach() - fp32_adapters).abs().max() < 0.1  # bf16 rounding of the adapters' small products
+    backend.compute_dtype = torch.bfloat16
+    seen.clear()  # the HF rollout engine samples under the same autocast: its log-probs are the trainer's
+    session.engine.generate(session.train_set.token_ids[:1], SamplingSettings(n=2, max_new_tokens=4), 1)
+    assert seen and set(seen) == {torch.bfloat16}

@@ -10,6 +10,7 @@ Engines import lazily: an hf run never imports vLLM or AutoAWQ.
 from __future__ import annotations
 
 import sys
+from contextlib import nullcontext
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -51,7 +52,10 @@ def _hf_engine(cfg: Config, tokenizer: Any, backend: TrainBackend, group: TrainG
 
     # a sharded model's every forward gathers weights from all ranks: they all generate, in lockstep
     lockstep = group if group is not None and backend.sharded else None
-    engine = HFRolloutEngine(backend.model, tokenizer, backend.device, synced=lockstep is not None)
+    compute = getattr(backend, "autocast", nullcontext)  # LoRA on a bf16 model: the update's autocast
+    engine = HFRolloutEngine(
+        backend.model, tokenizer, backend.device, synced=lockstep is not None, compute=compute
+    )
     if lockstep is None:
         return engine
     from lite_verl.rollout.lockstep import LockstepEngine

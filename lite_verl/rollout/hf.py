@@ -9,6 +9,8 @@ It generates in the trainer's own process, so it cannot overlap a rollout with t
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
 from typing import Any
 
 import torch
@@ -50,8 +52,12 @@ class HFRolloutEngine:
         device: torch.device,
         chunk_size: int = 256,
         synced: bool = False,
+        compute: Callable[[], AbstractContextManager] = nullcontext,
     ) -> None:
         self.model = model
+        # the trainer's compute context (train/lora.py: autocast for a bf16 model), so that sampling runs
+        # the adapters as the update does and the rollout's log-probs are the trainer's
+        self.compute = compute
         # a model sharded over several ranks (train/group.py) generates on all of them at once: every
         # forward gathers weights collectively, so each rank keeps stepping until all have finished
         self.synced = synced
@@ -73,8 +79,9 @@ class HFRolloutEngine:
         outs = []
         with torch.random.fork_rng(devices=[self.device] if self.device.type == "cuda" else []):
             torch.manual_seed(seed)
-            for start in range(0, len(rows), self.chunk_size):
-                outs.append(self._generate_chunk(rows[start : start + self.chunk_size], sampling))
+            with self.compute():
+                outs += [self._generate_chunk(rows[a : a + self.chunk_size], sampling)
+                         for a in range(0, len(rows), self.chunk_size)]  # fmt: skip
         self.model.train(was_training)
         self.last_generate_span = (began, time.time())
         return _concat(outs, self.pad_id)

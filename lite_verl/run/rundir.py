@@ -36,7 +36,7 @@ import yaml
 from lite_verl.config import Config, load_config, read_yaml, to_dict
 from lite_verl.errors import UserError
 from lite_verl.run.files import append_jsonl, atomic_directory, atomic_write_text, drop_rows_after, read_jsonl
-from lite_verl.run.lock import LOCK_NAME, RunLock
+from lite_verl.run.lock import LOCK_NAME, RunDirBusy, RunLock
 
 HISTORY = "config_history.jsonl"
 
@@ -118,18 +118,25 @@ class RunDir:
     def create(self, cfg: Config) -> RunLock:
         """Make the directory (an existing empty one will do), take its lock, write config.yaml and env.json.
         -> the held lock: release it (or `with` it) when the run ends."""
-        self.made = not self.path.exists()
-        self.path.mkdir(parents=True, exist_ok=True)
+        try:  # made here only if this call created it (two processes racing: one of them)
+            self.path.mkdir(parents=True)
+            self.made = True
+        except FileExistsError:
+            self.made = False
         try:
             lock = self.lock().acquire()  # another process that got here first: RunDirBusy, nothing written
-        except BaseException:  # (then the directory was not made here); a lock file the disk refused
+        except RunDirBusy:  # its directory now, even if this call made it: touch nothing
+            self.made = False
+            raise
+        except BaseException:  # a lock file the disk refused
             if self.made:
                 shutil.rmtree(self.path, ignore_errors=True)
             raise
+        if self._has_content():  # filled since check_new, by a run that has ended already: not ours
+            self.made = False
+            lock.release()
+            raise UserError(f"--run-dir {self.path} is no longer empty; pick another")
         try:
-            if self._has_content():  # filled since check_new, by a run that has ended already
-                self.made = False
-                raise UserError(f"--run-dir {self.path} is no longer empty; pick another")
             self.write_config(cfg)
             from lite_verl.model.load import model_provenance
 

@@ -130,7 +130,9 @@ class TensorBoardTracker:
     def __init__(self, run: Path) -> None:
         try:
             from tensorboardX import SummaryWriter
-        except ImportError:  # torch's own writer (needs the `tensorboard` package) writes the same event files
+        except (
+            ImportError
+        ):  # torch's own writer (needs the `tensorboard` package) writes the same event files
             from torch.utils.tensorboard import SummaryWriter
 
         self.writer = SummaryWriter(str(run / "tb"))
@@ -176,7 +178,9 @@ class WandbTracker:
     def log_samples(self, step: int, columns: list[str], rows: list[list[Any]]) -> None:
         import wandb
 
-        self.run.log({"samples": wandb.Table(columns=columns, data=rows, allow_mixed_types=True), "step": step})
+        self.run.log(
+            {"samples": wandb.Table(columns=columns, data=rows, allow_mixed_types=True), "step": step}
+        )
 
     def log_config(self, config: dict[str, Any]) -> None:
         self.run.config.update(config, allow_val_change=True)
@@ -252,7 +256,9 @@ class TrackioTracker:
         self.trackio.log(dict(metrics), step=step)
 
     def log_samples(self, step: int, columns: list[str], rows: list[list[Any]]) -> None:
-        self.trackio.log({"samples": self.trackio.Table(columns=columns, data=rows, allow_mixed_types=True)}, step=step)
+        self.trackio.log(
+            {"samples": self.trackio.Table(columns=columns, data=rows, allow_mixed_types=True)}, step=step
+        )
 
     def log_config(self, config: dict[str, Any]) -> None:
         pass  # given to trackio.init

@@ -8,6 +8,8 @@ from typing import Any
 
 from lite_verl.config import Config
 
+CARD_MARK = "Trained with lite-verl"  # tools/export.py: an OUT holding a card with it is an earlier export
+
 
 def _json(path: Path) -> dict[str, Any]:
     try:
@@ -23,7 +25,7 @@ def _evals(run: Path) -> list[str]:
         result = _json(path)
         for source, s in result.get("scores", {}).items():
             k = result.get("k", 4)
-            cells = [path.stem, source, f"{s.get('prompts', 0):.0f}", *(f"{s.get(c, float('nan')):.4f}"
+            cells = [path.stem, source, f"{_num(s, 'prompts'):.0f}", *(f"{_num(s, c):.4f}"
                      for c in ("greedy_acc", "greedy", f"mean@{k}", f"pass@{k}"))]  # fmt: skip
             rows.append("| " + " | ".join(cells) + " |")
     if not rows:
@@ -38,17 +40,25 @@ def _bill(summary: dict[str, Any]) -> list[str]:
         return []
     out = ["## Bill", "", "| role | device | GPU model | held s | busy s | USD |", "|" + "---|" * 6]
     for r in rows:
-        out.append(f"| {r.get('role')} | {r.get('device')} | {r.get('model')} | {r.get('held_s', 0):.0f} | "
-                   f"{r.get('busy_s', 0):.0f} | {r.get('cost_usd', 0):.4f} |")  # fmt: skip
+        out.append(f"| {r.get('role')} | {r.get('device')} | {r.get('model')} | {_num(r, 'held_s'):.0f} | "
+                   f"{_num(r, 'busy_s'):.0f} | {_num(r, 'cost_usd'):.4f} |")  # fmt: skip
     return [*out, ""]
 
 
+def _num(data: dict[str, Any], key: str) -> float:
+    value = data.get(key)
+    return float(value) if isinstance(value, (int, float)) else float("nan")
+
+
 def _front_matter(cfg: Config, fmt: str) -> list[str]:
+    from lite_verl.model.hub import parse_hub_id
+
     base = cfg.model.path
     lines = ["---", "library_name: " + ("gguf" if fmt == "gguf" else "transformers"),
              "tags: [lite-verl, reinforcement-learning, " + cfg.algorithm.adv_estimator + "]"]  # fmt: skip
-    if "/" in base and not base.startswith(("/", ".", "tiny:")) and not base.endswith(".gguf"):
-        lines.append(f"base_model: {base.split('@')[0]}")
+    hub = parse_hub_id(base) if not Path(base).expanduser().exists() else None
+    if hub:  # a Hub id, not a local directory that looks like one
+        lines.append(f"base_model: {hub[0]}")
     return [*lines, "---", ""]
 
 
@@ -59,23 +69,25 @@ def model_card(run: Path, cfg: Config, fmt: str, files: list[str]) -> str:
         *_front_matter(cfg, fmt),
         f"# {run.name}",
         "",
-        f"Trained with lite-verl (GRPO/PPO post-training on one workstation) from `{cfg.model.path}`"
-        + (f", recipe `{cfg.recipe}`" if cfg.recipe else "") + f", preset `{cfg.preset}`.",
+        f"{CARD_MARK} (GRPO/PPO post-training on one workstation) from `{cfg.model.path}`"
+        + (f", recipe `{cfg.recipe}`" if cfg.recipe else "")
+        + f", preset `{cfg.preset}`.",
         "",
         "## Training",
         "",
         f"- algorithm: {a.adv_estimator}, loss aggregation {a.loss_agg_mode}, KL loss {a.use_kl_loss}",
-        f"- update: {t.backend}" + (f", LoRA rank {t.lora_rank} alpha {t.lora_alpha}" if t.backend in ("lora", "qlora") else "")
+        f"- update: {t.backend}"
+        + (f", LoRA rank {t.lora_rank} alpha {t.lora_alpha}" if t.backend in ("lora", "qlora") else "")
         + f", lr {t.lr}",  # fmt: skip
         f"- data: {cfg.data.task if not cfg.data.train_files else ', '.join(cfg.data.train_files)}; "
         f"{tr.batch_size} prompts x {cfg.rollout.n} samples a step, up to {cfg.rollout.max_new_tokens} new tokens",
         f"- steps: {summary.get('steps', '?')} of {tr.total_steps}; reward (mean of the first and last 10% of steps): "
-        f"{summary.get('reward_first_10pct', float('nan')):.4f} -> {summary.get('reward_last_10pct', float('nan')):.4f}",
+        f"{_num(summary, 'reward_first_10pct'):.4f} -> {_num(summary, 'reward_last_10pct'):.4f}",
         "",
     ]
     if summary.get("val_acc_start") is not None:
-        lines += [f"Validation accuracy (in training, greedy): {summary['val_acc_start']:.4f} -> "
-                  f"{summary.get('val_acc_end', float('nan')):.4f}", ""]  # fmt: skip
+        lines += [f"Validation accuracy (in training, greedy): {_num(summary, 'val_acc_start'):.4f} -> "
+                  f"{_num(summary, 'val_acc_end'):.4f}", ""]  # fmt: skip
     lines += [*_evals(run), *_bill(summary), "## Files", "", *(f"- `{f}`" for f in files), ""]
     if fmt == "gguf":
         lines += ["Run it with Ollama: `ollama create NAME -f Modelfile && ollama run NAME`, or with llama.cpp: "

@@ -43,8 +43,12 @@ def convert(hf_dir: Path, out_file: Path, outtype: str) -> None:
     cmd = [sys.executable, "-m", "lite_verl.ship.gguf_convert", str(hf_dir), str(out_file), outtype]
     done = subprocess.run(cmd, capture_output=True, text=True)
     if done.returncode != 0 or not out_file.is_file():
-        lines = [x for x in (done.stderr + done.stdout).splitlines() if x.strip() and "*" not in x]
-        why = lines[-1] if lines else f"exit {done.returncode}"
+
+        def last(text: str) -> str:  # the converter's banner lines (****) are not the reason
+            lines = [x for x in text.splitlines() if x.strip() and "*" not in x]
+            return lines[-1] if lines else ""
+
+        why = last(done.stderr) or last(done.stdout) or f"exit {done.returncode}"
         raise UserError(f"GGUF conversion of {hf_dir} failed: {why}")
 
 
@@ -80,7 +84,7 @@ def write_gguf(hf_dir: Path, out: Path, quant: str, name: str) -> Path:
 # any other model gets no TEMPLATE line and Ollama uses the chat template stored in the GGUF, when it knows it.
 TEMPLATES = {
     "<|im_start|>": (  # ChatML: Qwen, SmolLM, lite-verl's tiny models
-        '{{- range .Messages }}<|im_start|>{{ .Role }}\n{{ .Content }}<|im_end|>\n{{ end }}<|im_start|>assistant\n',
+        "{{- range .Messages }}<|im_start|>{{ .Role }}\n{{ .Content }}<|im_end|>\n{{ end }}<|im_start|>assistant\n",
         ["<|im_end|>", "<|im_start|>"],
     ),
     "<|start_header_id|>": (  # Llama 3
@@ -109,12 +113,14 @@ def chat_template(hf_dir: Path) -> str:
 
 def modelfile(hf_dir: Path, gguf_name: str) -> str:
     template = chat_template(hf_dir)
-    lines = [f"# Ollama: ollama create NAME -f Modelfile && ollama run NAME", f"FROM ./{gguf_name}"]
+    lines = ["# Ollama: ollama create NAME -f Modelfile && ollama run NAME", f"FROM ./{gguf_name}"]
     for marker, (go_template, stops) in TEMPLATES.items():
         if marker in template:
             lines.append(f'TEMPLATE """{go_template}"""')
             lines += [f'PARAMETER stop "{s}"' for s in stops]
             break
     else:
-        lines.append("# no TEMPLATE: Ollama uses the chat template stored in the GGUF (tokenizer.chat_template)")
+        lines.append(
+            "# no TEMPLATE: Ollama uses the chat template stored in the GGUF (tokenizer.chat_template)"
+        )
     return "\n".join(lines) + "\n"

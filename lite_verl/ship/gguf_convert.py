@@ -35,8 +35,12 @@ def split_rule(model_dir: Path) -> str | None:
     if pre.get("type") == "Sequence" and len(parts) == 2:
         split, byte_level = parts
         regex = (split.get("pattern") or {}).get("Regex")
-        if (split.get("type"), split.get("behavior"), byte_level.get("type")) == ("Split", "Isolated", "ByteLevel") \
-                and not byte_level.get("use_regex") and not split.get("invert"):
+        if (
+            (split.get("type"), split.get("behavior"), byte_level.get("type"))
+            == ("Split", "Isolated", "ByteLevel")
+            and not byte_level.get("use_regex")
+            and not split.get("invert")
+        ):
             return SPLITS.get(regex)
     return None
 

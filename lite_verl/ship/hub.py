@@ -48,7 +48,12 @@ def push(folder: Path, repo: str, private: bool, message: str) -> str:
     api = HfApi()
     try:
         api.create_repo(repo, private=private, exist_ok=True, repo_type="model")
+        if private and not api.repo_info(repo).private:  # create_repo keeps an existing repo as it is
+            raise UserError(f"--push-to-hub {repo} --private: the repo exists and is public; nothing was pushed "
+                            "(make it private on the Hub first, or push to another repo)")  # fmt: skip
         info = api.upload_folder(folder_path=str(folder), repo_id=repo, commit_message=message)
+    except UserError:
+        raise
     except HfHubHTTPError as e:
         status = getattr(getattr(e, "response", None), "status_code", None)
         if status in (401, 403):

@@ -74,6 +74,7 @@ def export_run(run_dir: str, out_dir: str, fmt: str = "hf", quant: str = "") -> 
 
         quant = check_quant(quant or "f16")
     run, out = Path(run_dir), Path(out_dir)
+    check_out_dir(run, out)
     cfg = load_run_config(run, [])
     if fmt == "hf":
         _merged_hf(run, cfg, out)
@@ -93,6 +94,23 @@ def export_run(run_dir: str, out_dir: str, fmt: str = "hf", quant: str = "") -> 
     files = sorted(str(p.relative_to(out)) for p in out.rglob("*") if p.is_file())
     atomic_write_text(out / "README.md", model_card(run, cfg, fmt, [*files, "README.md"]))
     return out
+
+
+def check_out_dir(run: Path, out: Path) -> None:
+    """OUT is replaced whole (atomically): it must be new, empty, or an earlier export, and not hold the run."""
+    r, o = run.resolve(), out.resolve()
+    if o == r or r in o.parents or o in r.parents:
+        raise UserError(f"export {run} {out}: OUT must be outside the run directory (and not contain it)")
+    if o.is_dir() and any(o.iterdir()):
+        from lite_verl.ship.card import CARD_MARK
+
+        card = o / "README.md"
+        earlier = card.is_file() and CARD_MARK in card.read_text(errors="replace")
+        if not earlier:
+            raise UserError(f"{out} exists and is not empty; give a new directory (an earlier lite-verl export "
+                            "there would be replaced)")  # fmt: skip
+    elif o.exists() and not o.is_dir():
+        raise UserError(f"{out} is a file; give a directory for the export")
 
 
 def _merged_hf(run: Path, cfg, target: Path) -> Path:

@@ -97,11 +97,12 @@ class LoraBackend:
         self.fp32_head = self.fused_head and fp32_lm_head and head.weight.dtype != torch.float32
         self.optimizer = torch.optim.AdamW(self.params, lr=cfg.lr, weight_decay=cfg.weight_decay)
         # peft keeps the adapters in fp32 (master weights; AdamW's state is fp32 too) and, left alone, runs
-        # them in fp32: each adapted linear casts its input up and multiplies in fp32. A bf16/fp16 model's
+        # them in fp32: each adapted linear casts its input up and multiplies in fp32. A bf16 model's
         # forward runs under autocast instead, so the adapters compute in the model's dtype like the rest
         # of the model (verl's and HF Trainer's bf16 maths) while their weights and gradients stay fp32.
+        # fp16 is left out: its gradients would need loss scaling, which this trainer does not do
         dtype = self.model.get_base_model().get_input_embeddings().weight.dtype
-        self.compute_dtype = dtype if dtype in (torch.bfloat16, torch.float16) else None
+        self.compute_dtype = dtype if dtype == torch.bfloat16 else None
         self.grad_clip = cfg.grad_clip
         self.value_head: torch.nn.Linear | None = None
         self._adapter_config: dict | None = None
@@ -140,7 +141,7 @@ class LoraBackend:
         assert self.value_head is not None, "enable_critic() first"
         input_ids, attention_mask = input_ids.to(self.device), attention_mask.to(self.device)
         backbone = self.model.get_base_model().base_model  # the decoder without its LM head
-        with self._autocast():
+        with self.autocast():
             out = backbone(
                 input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids(attention_mask)
             )
@@ -192,16 +193,17 @@ class LoraBackend:
             from lite_verl.train.head import fused_log_probs
 
             causal_lm = self.model.get_base_model()
-            with self._autocast():
+            with self.autocast():
                 hidden = causal_lm.base_model(**kwargs).last_hidden_state[:, -response_length - 1 : -1]
             weight = causal_lm.get_output_embeddings().weight  # the head: fp32 products, outside autocast
             return fused_log_probs(hidden, weight, targets, temperature, self.fp32_head, with_entropy)
-        with self._autocast():
+        with self.autocast():
             logits = self.model(**kwargs).logits[:, -response_length - 1 : -1]
         return response_log_probs(logits, targets, temperature, with_entropy)
 
-    def _autocast(self):
-        """The forward's compute in the model's dtype (bf16/fp16 models; fp32 ones are left as they are)."""
+    def autocast(self):
+        """The forward's compute in the model's dtype (bf16 models; others are left as they are). The HF
+        rollout engine samples under it too (rollout/factory.py), so both sides run the adapters alike."""
         if self.compute_dtype is None:
             return nullcontext()
         return torch.autocast(self.device.type, dtype=self.compute_dtype)
