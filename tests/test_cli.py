@@ -211,7 +211,7 @@ def test_a_run_that_fails_after_some_steps_keeps_its_metrics(tmp_path):
     steps = [m["step"] for m in read_metrics(run) if "reward/mean" in m]
     assert steps == [1, 2]
     assert "stopped after step 2 with no checkpoint" in (run / "FAILED").read_text()
-    assert "no checkpoint to resume from: set trainer.save_every" in out.stderr
+    assert "no checkpoint to resume from was written before it stopped (trainer.save_every" in out.stderr
 
 
 @pytest.mark.parametrize("case", list(_bad_inputs(Path("/tmp")).keys()))
