@@ -20,9 +20,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import errno
 import os
-import shutil
 import sys
 import warnings
 from pathlib import Path
@@ -637,24 +635,6 @@ COMMANDS = {
 }
 
 
-# a write the disk refused: full, over quota, read-only, not permitted, failing
-DISK_ERRORS = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM, errno.EIO}
-
-
-def disk_error(e: OSError) -> str:
-    """One line for a write the disk refused: which file, why, and the way out."""
-    where = Path(e.filename).parent if e.filename else Path.cwd()
-    try:
-        free = f"; {shutil.disk_usage(where).free / 2**30:.1f} GiB free there"
-    except OSError:
-        free = ""
-    fix = {errno.ENOSPC: "free space there, or write to a bigger disk (--run-dir, OUT)",
-           errno.EDQUOT: "free space in your quota", errno.EROFS: "write to a writable disk (--run-dir, OUT)",
-           errno.EIO: "check the disk"}.get(e.errno, "check its permissions, or use a directory you may write to (--run-dir, OUT)")  # fmt: skip
-    verb = "could not access" if e.errno in (errno.EACCES, errno.EPERM) else "could not write"
-    return f"{verb} {e.filename or 'a file'}: {e.strerror}{free}; {fix}"
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -676,6 +656,8 @@ def main(argv: list[str] | None = None) -> int:
         print("lite-verl: interrupted", file=sys.stderr)
         return 130
     except OSError as e:
+        from lite_verl.run.files import DISK_ERRORS, disk_error
+
         if e.errno not in DISK_ERRORS:
             raise
         print(f"lite-verl: error: {disk_error(e)}", file=sys.stderr)

@@ -6,6 +6,13 @@ Anything else that escapes is a bug in lite-verl and keeps its traceback.
 from __future__ import annotations
 
 
+def first_line(error: BaseException, limit: int = 160, last: bool = False) -> str:
+    """An exception's message as one line for a one-line error: its first line (last=True: its last line,
+    where e.g. torch puts the cause), cut to `limit` characters; the exception's type when it has none."""
+    lines = str(error).strip().splitlines() or [type(error).__name__]
+    return (lines[-1] if last else lines[0])[:limit]
+
+
 class UserError(Exception):
     """A mistake in the user's input (config, model path, data, reward function). Exit code 2."""
 

@@ -20,7 +20,7 @@ import re
 import sys
 from pathlib import Path
 
-from lite_verl.errors import ModelError
+from lite_verl.errors import ModelError, first_line
 
 # org/name, as the Hub spells repo ids (letters, digits, '-', '_', '.'), with an optional @revision
 HUB_ID = re.compile(r"^(?P<repo>[A-Za-z0-9][\w.-]*/[\w.-]+?)(?:@(?P<rev>[\w./-]+))?$")
@@ -151,7 +151,7 @@ def _download(repo: str, revision: str, shown: str) -> Path:
             f"{shown}: revision {revision!r} does not exist; give a branch, tag or commit of {repo}"
         ) from None
     except Exception as e:  # the network boundary: no connection, a proxy, the Hub down, a full disk
-        why = (str(e).strip().splitlines() or [""])[0][:160]
+        why = first_line(e)
         raise ModelError(
             f"{shown} is not in the Hugging Face cache and downloading it failed ({type(e).__name__}: {why}); "
             f"check the network, or fetch it with `{fetch_command(repo, revision)}`"

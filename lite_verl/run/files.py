@@ -6,6 +6,7 @@ atomically without importing the config.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import shutil
@@ -13,6 +14,36 @@ import tempfile
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
+
+# a write the disk refused: full, over quota, read-only, not permitted, failing
+DISK_ERRORS = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM, errno.EIO}
+
+
+def existing_parent(path: Path) -> Path:
+    """`path` if it exists, else its nearest existing parent (where it would be created)."""
+    where = Path(path).expanduser().absolute()
+    while not where.exists() and where != where.parent:
+        where = where.parent
+    return where
+
+
+def free_gib(path: Path) -> float | None:
+    """Free space on the disk that holds `path` (or would: its nearest existing parent); None if unknown."""
+    try:
+        return shutil.disk_usage(existing_parent(path)).free / 2**30
+    except OSError:
+        return None
+
+
+def disk_error(e: OSError) -> str:
+    """One line for a write the disk refused (an errno of DISK_ERRORS): which file, why, and the way out."""
+    free = free_gib(Path(e.filename).parent if e.filename else Path.cwd())
+    room = f"; {free:.1f} GiB free there" if free is not None else ""
+    fix = {errno.ENOSPC: "free space there, or write to a bigger disk (--run-dir, OUT)",
+           errno.EDQUOT: "free space in your quota", errno.EROFS: "write to a writable disk (--run-dir, OUT)",
+           errno.EIO: "check the disk"}.get(e.errno, "check its permissions, or use a directory you may write to (--run-dir, OUT)")  # fmt: skip
+    verb = "could not access" if e.errno in (errno.EACCES, errno.EPERM) else "could not write"
+    return f"{verb} {e.filename or 'a file'}: {e.strerror}{room}; {fix}"
 
 
 def atomic_write_text(path: Path, text: str) -> None:

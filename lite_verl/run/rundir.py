@@ -34,8 +34,15 @@ import torch
 import yaml
 
 from lite_verl.config import Config, load_config, read_yaml, to_dict
-from lite_verl.errors import UserError
-from lite_verl.run.files import append_jsonl, atomic_directory, atomic_write_text, drop_rows_after, read_jsonl
+from lite_verl.errors import UserError, first_line
+from lite_verl.run.files import (
+    append_jsonl,
+    atomic_directory,
+    atomic_write_text,
+    drop_rows_after,
+    free_gib,
+    read_jsonl,
+)
 from lite_verl.run.lock import LOCK_NAME, RunDirBusy, RunLock
 
 HISTORY = "config_history.jsonl"
@@ -206,8 +213,8 @@ class RunDir:
                 state = {"step": step, **state, "files": files}  # what checkpoint_problem checks
                 atomic_write_text(tmp / "state.json", json.dumps(state, indent=2))
         except (OSError, RuntimeError) as e:  # a full disk: torch.save says "unexpected pos ..."
-            free = shutil.disk_usage(self.checkpoints).free / 2**30
-            reason = (str(e).strip().splitlines() or [type(e).__name__])[-1][:200]
+            free = free_gib(self.checkpoints) or 0.0
+            reason = first_line(e, 200, last=True)
             raise UserError(
                 f"the checkpoint of step {step} could not be written to {self.checkpoints} ({reason}); "
                 f"{free:.1f} GiB free there: free space or use --run-dir on a bigger disk "

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from lite_verl.config.schema import TrainerConfig
-from lite_verl.errors import MissingDependency, UserError
+from lite_verl.errors import MissingDependency, UserError, first_line
 from lite_verl.run.files import atomic_write_text
 
 # logger -> (module to import, pip extra of lite-verl)
@@ -288,7 +288,7 @@ class Trackers:
                     try:
                         self.active[name] = makers[name](run, state, config)
                     except Exception as e:  # no API key, a tracking server that does not answer, ...
-                        line = (str(e).strip().splitlines() or [type(e).__name__])[0][:300]
+                        line = first_line(e, 300)
                         raise UserError(f"trainer.loggers={name}: could not start the run ({line})") from e
         except BaseException:
             self.finish(failed=True)

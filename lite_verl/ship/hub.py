@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from lite_verl.errors import UserError
+from lite_verl.errors import UserError, first_line
 
 REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]{0,95}/[A-Za-z0-9][\w.-]{0,95}$")
 
@@ -61,12 +61,10 @@ def push(folder: Path, repo: str, private: bool, message: str) -> str:
                 f"--push-to-hub {repo}: the Hub refused the token ({status}); log in with `hf auth login` "
                 "(a token with write access) or set HF_TOKEN"
             ) from None
-        why = (str(e).strip().splitlines() or [""])[0][:160]
-        raise UserError(f"--push-to-hub {repo}: the Hub answered an error ({why})") from None
+        raise UserError(f"--push-to-hub {repo}: the Hub answered an error ({first_line(e)})") from None
     except Exception as e:  # the network boundary: offline, a proxy, DNS, a timeout
-        why = (str(e).strip().splitlines() or [""])[0][:160]
         raise UserError(
-            f"--push-to-hub {repo}: could not reach the Hugging Face Hub ({type(e).__name__}: {why}); the export "
+            f"--push-to-hub {repo}: could not reach the Hugging Face Hub ({type(e).__name__}: {first_line(e)}); the export "
             f"is kept in {folder}: push it later with `hf upload {repo} {folder}`"
         ) from None
     return str(getattr(info, "commit_url", info))

@@ -13,7 +13,6 @@ from __future__ import annotations
 import importlib.metadata as metadata
 import os
 import platform
-import shutil
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,6 +20,8 @@ from pathlib import Path
 from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import canonicalize_name
 from packaging.version import InvalidVersion, Version
+
+from lite_verl.run.files import existing_parent, free_gib
 
 # the distributions lite-verl uses (core first, then the optional engines, quantizers and trackers)
 PACKAGES = (
@@ -164,9 +165,8 @@ def hub_and_disk(run_dir: Path = Path("runs")) -> list[Finding]:
     out.append(Finding(True, f"Hugging Face cache {cache}{' (HF_HUB_OFFLINE: cached models only)' if offline else ''}; "
                              f"token {'set' if token else 'not set (public models only; hf auth login for gated ones)'}"))  # fmt: skip
     for what, path in (("run directories", run_dir), ("the Hugging Face cache", cache)):
-        where = _existing(path)
-        free = shutil.disk_usage(where).free / 2**30
-        text = f"{free:.0f} GiB free for {what} ({where})"
+        free = free_gib(path) or 0.0
+        text = f"{free:.0f} GiB free for {what} ({existing_parent(path)})"
         out.append(Finding(free >= MIN_FREE_DISK_GIB, text if free >= MIN_FREE_DISK_GIB else
                            f"{text}: checkpoints and models need more; free space or point it elsewhere"))  # fmt: skip
     return out
@@ -179,13 +179,6 @@ def _hub_token() -> str | None:
         return get_token()
     except Exception:  # noqa: BLE001 - an unreadable token file is no token
         return os.environ.get("HF_TOKEN")
-
-
-def _existing(path: Path) -> Path:
-    path = path.expanduser().absolute()
-    while not path.exists() and path != path.parent:
-        path = path.parent
-    return path
 
 
 def doctor() -> int:
