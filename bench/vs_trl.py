@@ -24,6 +24,7 @@ pairs' ratios.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import statistics
 import time
 from dataclasses import dataclass
@@ -119,12 +120,50 @@ def lite_verl(
     return out
 
 
+def trl_config(s: Shared, steps: int, gpu: bool, seed: int):
+    """TRL's GRPOConfig for the shared settings: one optimizer step per generation batch on both devices."""
+    from trl import GRPOConfig
+
+    where = dict(
+        per_device_train_batch_size=s.prompts * s.n, gradient_accumulation_steps=1, steps_per_generation=1, use_cpu=True,
+        bf16=False,
+    )  # fmt: skip
+    if gpu:
+        micro = s.micro
+        where = dict(
+            per_device_train_batch_size=micro, gradient_accumulation_steps=s.prompts * s.n // micro,
+            steps_per_generation=s.prompts * s.n // micro, bf16=True, gradient_checkpointing=True, use_vllm=True,
+            vllm_mode="colocate", vllm_gpu_memory_utilization=0.3, max_prompt_length=128,
+        )  # fmt: skip
+    return GRPOConfig(
+        output_dir="/tmp/trl-grpo", num_generations=s.n, max_completion_length=s.new_tokens, temperature=1.0,
+        learning_rate=s.lr, lr_scheduler_type="constant", warmup_steps=0, max_steps=steps, beta=0.0, logging_steps=1,
+        report_to=[], save_strategy="no", seed=seed, disable_dropout=True,
+        **{k: v for k, v in where.items() if k in GRPOConfig.__dataclass_fields__},
+    )  # fmt: skip
+
+
+def trl_figures(logs: list[dict], wall: float, s: Shared) -> tuple[dict[str, float], list[float]]:
+    """TRL's logged steps -> the figures lite_verl() reports (steady ones measured alike) and the rewards."""
+    steps_logged = [x for x in logs if "completions/mean_length" in x]
+    gen = [x["completions/mean_length"] * s.prompts * s.n for x in steps_logged]
+    seen = [0.0] + [x.get("num_tokens", 0.0) for x in steps_logged]  # cumulative prompt + completion tokens
+    clock = [0.0] + [x["_wall_s"] for x in steps_logged]
+    k = max(len(steps_logged) // 10, 1)
+    rewards = [x.get("reward", x.get("rewards/reward/mean", 0.0)) for x in steps_logged]
+    out = {"tokens_per_s": (sum(gen) + seen[-1]) / wall, "step_s": wall / max(len(steps_logged), 1),
+           "reward_last_10pct": statistics.mean(rewards[-k:]), "wall_s": wall}  # fmt: skip
+    out.update(steady([b - a for a, b in zip(clock, clock[1:])], gen, [b - a for a, b in zip(seen, seen[1:])],
+                      WARMUP[0]))  # fmt: skip
+    return out, rewards
+
+
 def trl(model: str, steps: int, s: Shared, gpu: bool, seed: int = 0) -> dict[str, float]:
     import torch
     from datasets import Dataset
     from peft import LoraConfig
     from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
-    from trl import GRPOConfig, GRPOTrainer
+    from trl import GRPOTrainer
 
     from lite_verl.config import ModelConfig
     from lite_verl.data.tasks import task_rows
@@ -150,56 +189,22 @@ def trl(model: str, steps: int, s: Shared, gpu: bool, seed: int = 0) -> dict[str
             if kw.get("logs"):
                 logs.append({**kw["logs"], "_wall_s": time.perf_counter() - t0})
 
-    where = dict(
-        per_device_train_batch_size=s.prompts * s.n, gradient_accumulation_steps=1, steps_per_generation=1, use_cpu=True,
-        bf16=False,
-    )  # fmt: skip
-    if gpu:
-        micro = s.micro
-        where = dict(
-            per_device_train_batch_size=micro, gradient_accumulation_steps=s.prompts * s.n // micro,
-            steps_per_generation=s.prompts * s.n // micro, bf16=True, gradient_checkpointing=True, use_vllm=True,
-            vllm_mode="colocate", vllm_gpu_memory_utilization=0.3, max_prompt_length=128,
-        )  # fmt: skip
-    args = GRPOConfig(
-        output_dir="/tmp/trl-grpo", num_generations=s.n, max_completion_length=s.new_tokens, temperature=1.0,
-        learning_rate=s.lr, lr_scheduler_type="constant", warmup_steps=0, max_steps=steps, beta=0.0, logging_steps=1,
-        report_to=[], save_strategy="no", seed=seed, disable_dropout=True,
-        **{k: v for k, v in where.items() if k in GRPOConfig.__dataclass_fields__},
-    )  # fmt: skip
-    tok = AutoTokenizer.from_pretrained(path)
-    dtype = torch.bfloat16 if gpu else torch.float32
     if gpu:
         single_process_group_env()
     trainer = GRPOTrainer(
-        model=AutoModelForCausalLM.from_pretrained(path, dtype=dtype), reward_funcs=reward, args=args,
-        train_dataset=data, processing_class=tok, callbacks=[Keep()],
+        model=AutoModelForCausalLM.from_pretrained(path, dtype=torch.bfloat16 if gpu else torch.float32),
+        reward_funcs=reward, args=trl_config(s, steps, gpu, seed), train_dataset=data,
+        processing_class=AutoTokenizer.from_pretrained(path), callbacks=[Keep()],
         peft_config=LoraConfig(r=s.rank, lora_alpha=32, target_modules="all-linear", task_type="CAUSAL_LM"),
     )  # fmt: skip
     t0 = time.perf_counter()
-    if gpu:
-        with PeakGpuMemory() as mem:
-            trainer.train()
-    else:
+    with PeakGpuMemory() if gpu else contextlib.nullcontext() as mem:
         trainer.train()
-    wall = time.perf_counter() - t0
-    steps_logged = [x for x in logs if "completions/mean_length" in x]
-    gen = sum(x["completions/mean_length"] * s.prompts * s.n for x in steps_logged)
-    trained = steps_logged[-1].get("num_tokens", 0.0)  # cumulative prompt + completion tokens
-    k = max(len(steps_logged) // 10, 1)
-    rewards = [x.get("reward", x.get("rewards/reward/mean", 0.0)) for x in steps_logged]
-    out = {"tokens_per_s": (gen + trained) / wall, "step_s": wall / max(len(steps_logged), 1),
-           "reward_last_10pct": statistics.mean(rewards[-k:]), "wall_s": wall}  # fmt: skip
-    clock = [0.0] + [x["_wall_s"] for x in steps_logged]
-    seen = [0.0] + [x.get("num_tokens", 0.0) for x in steps_logged]  # cumulative
-    out.update(steady([b - a for a, b in zip(clock, clock[1:])],
-                      [x["completions/mean_length"] * s.prompts * s.n for x in steps_logged],
-                      [b - a for a, b in zip(seen, seen[1:])], WARMUP[0]))  # fmt: skip
+    out, rewards = trl_figures(logs, time.perf_counter() - t0, s)
     if gpu:
         out["peak_gpu_memory_gib"] = mem.peak_gib
-    CURVES.setdefault("TRL", []).append(
-        [(i + 1, x["_wall_s"], r) for i, (x, r) in enumerate(zip(steps_logged, rewards))]
-    )
+    logged = [x for x in logs if "completions/mean_length" in x]
+    CURVES.setdefault("TRL", []).append([(i + 1, x["_wall_s"], r) for i, (x, r) in enumerate(zip(logged, rewards))])
     return out
 
 
