@@ -11,6 +11,7 @@ timed after a warm-up. Variants change one thing each:
   bf16_head  the fused path with the head's product in the model's dtype (model.fp32_lm_head=false)
   exact_fp32 the fused path with the fp32 head on fp32 cores (no tensor cores: the 1bbebdb code)
   micro32    the default at 32 sequences per forward/backward instead of the preset's 8
+  fp32_adapters the default with the LoRA adapters computing in fp32 (no autocast: the code before 2026-12-05)
   no_ckpt    the default without gradient checkpointing
 Each variant prints its time and trained tokens/s, and the top operators of one profiled update (by
 device time on a GPU, CPU time on a CPU). A Qwen2.5-{size} shape with random weights on a GPU;
@@ -36,6 +37,7 @@ VARIANTS = {
     "exact_fp32": [],
     "micro32": ["train.micro_batch_size=32"],
     "no_ckpt": ["train.gradient_checkpointing=false"],
+    "fp32_adapters": [],
 }
 
 
@@ -79,6 +81,8 @@ def measure(variant: str, model_dir: Path, args) -> dict[str, float]:
     backend = build_rank_backend(cfg, model_dir, device, 1)
     if variant == "plain":
         backend.fused_head = False
+    if variant == "fp32_adapters":
+        backend.compute_dtype = None  # peft's own fp32 adapter maths, as before train/lora.py's autocast
     from lite_verl.train import head
 
     head.EXACT_FP32 = variant == "exact_fp32"
