@@ -65,10 +65,15 @@ def main() -> None:
     tok = AutoTokenizer.from_pretrained(src)
     hf = AutoModelForCausalLM.from_pretrained(src, dtype=torch.float32)
     rows = task_rows("arithmetic", args.prompts, seed=0, split="test")
-    texts = [tok.apply_chat_template(list(r.messages), add_generation_prompt=True, tokenize=False) for r in rows]
+    texts = [
+        tok.apply_chat_template(list(r.messages), add_generation_prompt=True, tokenize=False) for r in rows
+    ]
     prompts = [tok(t, return_tensors="pt", add_special_tokens=False).input_ids for t in texts]
     with torch.no_grad():
-        want = [hf.generate(ids, max_new_tokens=args.tokens, do_sample=False)[0, ids.shape[1] :].tolist() for ids in prompts]
+        want = [
+            hf.generate(ids, max_new_tokens=args.tokens, do_sample=False)[0, ids.shape[1] :].tolist()
+            for ids in prompts
+        ]
     command = "python -m bench.gguf_roundtrip " + " ".join(sys.argv[1:])
     settings = f"{args.prompts} built-in arithmetic prompts (chat template), greedy, {args.tokens} new tokens, CPU fp32"
     for quant in args.quants.split(","):
@@ -79,18 +84,45 @@ def main() -> None:
             convert_s = time.perf_counter() - start
             size = path.stat().st_size / 2**20
             cpp = llama_cpp_greedy(path, prompts, args.tokens)
-            gg = None if quant in KQUANTS else AutoModelForCausalLM.from_pretrained(out, gguf_file=path.name, dtype=torch.float32)
+            gg = (
+                None
+                if quant in KQUANTS
+                else AutoModelForCausalLM.from_pretrained(out, gguf_file=path.name, dtype=torch.float32)
+            )
             gtok = AutoTokenizer.from_pretrained(out, gguf_file=path.name)
         if cpp is not None:
             same = sum(a == b for a, b in zip(cpp, want))
-            append("gguf", name, settings, f"{quant}_llama_cpp_identical_completions", same / len(want), "fraction", command)
-            append("gguf", name, settings, f"{quant}_llama_cpp_token_agreement", agreement(cpp, want), "fraction", command)
-            print(f"{quant} in llama.cpp: {same}/{len(want)} identical completions, token agreement {agreement(cpp, want):.3f}")
+            append(
+                "gguf",
+                name,
+                settings,
+                f"{quant}_llama_cpp_identical_completions",
+                same / len(want),
+                "fraction",
+                command,
+            )
+            append(
+                "gguf",
+                name,
+                settings,
+                f"{quant}_llama_cpp_token_agreement",
+                agreement(cpp, want),
+                "fraction",
+                command,
+            )
+            print(
+                f"{quant} in llama.cpp: {same}/{len(want)} identical completions, token agreement {agreement(cpp, want):.3f}"
+            )
         if gg is None:  # transformers cannot load k-quants
             continue
-        same_ids = sum(gtok(t, add_special_tokens=False).input_ids == ids[0].tolist() for t, ids in zip(texts, prompts))
+        same_ids = sum(
+            gtok(t, add_special_tokens=False).input_ids == ids[0].tolist() for t, ids in zip(texts, prompts)
+        )
         with torch.no_grad():
-            got = [gg.generate(ids, max_new_tokens=args.tokens, do_sample=False)[0, ids.shape[1] :].tolist() for ids in prompts]
+            got = [
+                gg.generate(ids, max_new_tokens=args.tokens, do_sample=False)[0, ids.shape[1] :].tolist()
+                for ids in prompts
+            ]
         same = sum(a == b for a, b in zip(got, want))
         agree = agreement(got, want)
         for metric, value, unit in ((f"{quant}_identical_completions", same / len(want), "fraction"),

@@ -154,6 +154,7 @@ def main() -> None:
     args = p.parse_args()
     args.jobs = args.jobs.split(",")
     models = dict(m.split("=", 1) for m in args.model)
+
     def start(i: int, job: str) -> dict:
         time.sleep(args.stagger * min(i, args.parallel - 1))  # one engine profiles GPU memory at a time
         return run_job(job, models[job.split(":")[0]], args)

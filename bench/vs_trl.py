@@ -204,7 +204,9 @@ def trl(model: str, steps: int, s: Shared, gpu: bool, seed: int = 0) -> dict[str
     if gpu:
         out["peak_gpu_memory_gib"] = mem.peak_gib
     logged = [x for x in logs if "completions/mean_length" in x]
-    CURVES.setdefault("TRL", []).append([(i + 1, x["_wall_s"], r) for i, (x, r) in enumerate(zip(logged, rewards))])
+    CURVES.setdefault("TRL", []).append(
+        [(i + 1, x["_wall_s"], r) for i, (x, r) in enumerate(zip(logged, rewards))]
+    )
     return out
 
 
@@ -269,7 +271,9 @@ def main() -> None:
     ap.add_argument(
         "--repeats", type=int, default=0, help="runs per side, alternating (default: 3 on CPU, 1 on GPU)"
     )
-    ap.add_argument("--warmup", type=int, default=2, help="steps left out of the steady_* figures on both sides")
+    ap.add_argument(
+        "--warmup", type=int, default=2, help="steps left out of the steady_* figures on both sides"
+    )
     args = ap.parse_args()
     WARMUP[0] = args.warmup
     args.repeats = args.repeats or (1 if args.gpu else 3)

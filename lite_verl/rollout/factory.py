@@ -10,7 +10,6 @@ Engines import lazily: an hf run never imports vLLM or AutoAWQ.
 from __future__ import annotations
 
 import sys
-from contextlib import nullcontext
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -52,9 +51,8 @@ def _hf_engine(cfg: Config, tokenizer: Any, backend: TrainBackend, group: TrainG
 
     # a sharded model's every forward gathers weights from all ranks: they all generate, in lockstep
     lockstep = group if group is not None and backend.sharded else None
-    compute = getattr(backend, "autocast", nullcontext)  # LoRA on a bf16 model: the update's autocast
     engine = HFRolloutEngine(
-        backend.model, tokenizer, backend.device, synced=lockstep is not None, compute=compute
+        backend.model, tokenizer, backend.device, synced=lockstep is not None, compute=backend.autocast
     )
     if lockstep is None:
         return engine

@@ -116,6 +116,12 @@ class TrainBackend(Protocol):
         """torch's train (dropout on) or eval mode for the trained model."""
         ...
 
+    def autocast(self) -> AbstractContextManager[Any]:
+        """The context the policy's forward computes in: torch.autocast to the model's dtype for LoRA on a
+        bf16 model (fp32 adapters, bf16 maths), nothing otherwise. The HF rollout engine samples under it
+        too, so that sampling and the update run the same maths."""
+        ...
+
     # --- the critic (algorithm.adv_estimator=gae) -----------------------------------------------------
     def enable_critic(self, cfg: CriticConfig) -> None:
         """Build the critic (once, when the backend is built, on every rank). ConfigError when

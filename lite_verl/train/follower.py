@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 import sys
 import traceback
-from contextlib import nullcontext, suppress
+from contextlib import suppress
 from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
@@ -96,9 +96,8 @@ class Follower:
             from lite_verl.rollout.hf import HFRolloutEngine
 
             tokenizer = load_tokenizer(self.model_dir, self.cfg.model.trust_remote_code)
-            compute = getattr(self.backend, "autocast", nullcontext)  # as rollout/factory.py
             self.engine = HFRolloutEngine(
-                self.backend.model, tokenizer, self.backend.device, synced=True, compute=compute
+                self.backend.model, tokenizer, self.backend.device, synced=True, compute=self.backend.autocast
             )
         self.engine.generate(args["prompts"], args["sampling"], args["seed"])
 

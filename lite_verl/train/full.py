@@ -223,6 +223,9 @@ class FullBackend:
     def train_mode(self, on: bool = True) -> None:
         self.model.train(on)
 
+    def autocast(self) -> contextlib.AbstractContextManager[Any]:
+        return contextlib.nullcontext()  # the model computes in its own dtype already
+
     # --- critic: not with full fine-tuning (validation refuses adv_estimator=gae first) ----------
     def enable_critic(self, cfg: CriticConfig) -> None:
         raise ConfigError(_NO_CRITIC)

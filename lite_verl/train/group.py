@@ -263,6 +263,9 @@ class GroupBackend:
     def train_mode(self, on: bool = True) -> None:
         self.local.train_mode(on)
 
+    def autocast(self) -> AbstractContextManager[Any]:
+        return self.local.autocast()
+
     def enable_critic(self, cfg: CriticConfig) -> None:
         self.local.enable_critic(cfg)  # every rank enables its own when it is built (train/rank.py)
 

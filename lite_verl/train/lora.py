@@ -16,8 +16,9 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterator
-from contextlib import contextmanager, nullcontext
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -201,7 +202,7 @@ class LoraBackend:
             logits = self.model(**kwargs).logits[:, -response_length - 1 : -1]
         return response_log_probs(logits, targets, temperature, with_entropy)
 
-    def autocast(self):
+    def autocast(self) -> AbstractContextManager[Any]:
         """The forward's compute in the model's dtype (bf16 models; others are left as they are). The HF
         rollout engine samples under it too (rollout/factory.py), so both sides run the adapters alike."""
         if self.compute_dtype is None:
