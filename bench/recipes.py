@@ -113,7 +113,8 @@ def record(result: dict, args: argparse.Namespace) -> None:
 
 def record_partial(folder: Path, hw: str, why: str, command: str) -> None:
     """The jobs of a run that did not finish (extra.tgz unpacked: JOB/before.json, JOB/metrics.jsonl): the eval
-    before, the steps reached and the mean reward of their first and last 3 steps, marked with `why`."""
+    before, the steps reached and the mean reward of their first and last 3 steps, the greedy accuracy of the
+    run's own validations (the same held-out prompts as the eval, greedy), marked with `why`."""
     for home in sorted(d for d in folder.iterdir() if d.is_dir()):
         name, recipe = home.name.split("_", 1)
         model = MODEL_NAMES.get(name, name)
@@ -126,6 +127,10 @@ def record_partial(folder: Path, hw: str, why: str, command: str) -> None:
             for metric in ("greedy_acc", "mean@4", "pass@4"):
                 append("recipes", model, settings, f"{recipe}_{metric}_before", before[metric],
                        "accuracy" if metric != "mean@4" else "reward", command, hw=hw)  # fmt: skip
+        for r in rows:
+            if "val/acc" in r:
+                append("recipes", model, settings, f"{recipe}_val_greedy_acc_step_{r['step']}", r["val/acc"],
+                       "accuracy", command, hw=hw)  # fmt: skip
         if len(train) >= 6:
             for key, part in (("reward_first_3_steps", train[:3]), ("reward_last_3_steps", train[-3:])):
                 value = sum(r["reward/mean"] for r in part) / 3
@@ -137,11 +142,13 @@ def record_partial(folder: Path, hw: str, why: str, command: str) -> None:
 
 
 def main() -> None:
-    if sys.argv[1:2] == ["--partial"]:  # --partial DIR HARDWARE WHY COMMAND
-        return record_partial(Path(sys.argv[2]), *sys.argv[3:6])
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--partial", type=Path, help="record the unfinished jobs of this folder (extra.tgz unpacked)")
+    p.add_argument("--hardware", default="", help="with --partial: where they ran")
+    p.add_argument("--why", default="", help="with --partial: why they did not finish")
+    p.add_argument("--command", default="", help="with --partial: the command that ran them")
     p.add_argument("--model", action="append", default=[], help="NAME=PATH (a model dir, .gguf or Hub id)")
-    p.add_argument("--jobs", required=True, help="NAME:RECIPE,...")
+    p.add_argument("--jobs", default="", help="NAME:RECIPE,... (required unless --partial)")
     p.add_argument("--preset", default="4090x1")
     p.add_argument("--gsm8k", default="", help="a local GSM8K copy for the gsm8k recipe")
     p.add_argument("--steps", type=int, default=0, help="override the recipe's trainer.total_steps")
@@ -152,6 +159,10 @@ def main() -> None:
     p.add_argument("--parallel", type=int, default=2, help="jobs running at once (default 2)")
     p.add_argument("--stagger", type=float, default=30.0, help="seconds between the starts of the first jobs")
     args = p.parse_args()
+    if args.partial:
+        return record_partial(args.partial, args.hardware, args.why, args.command)
+    if not args.jobs:
+        p.error("--jobs is required")
     args.jobs = args.jobs.split(",")
     models = dict(m.split("=", 1) for m in args.model)
 

@@ -401,15 +401,15 @@ def _load(
 
 
 def _check_plan(cfg: Config, gpus: list[Gpu] | None = None) -> None:
-    """Before anything loads: the plan fits every card, and the cards exist with that much memory free now
-    (the GPUs are detected here unless --preset auto already did)."""
+    """Before anything loads: the plan fits every card and the host's RAM, and the cards exist with that much
+    memory free now (the GPUs are detected here unless --preset auto already did)."""
     from lite_verl.model.load import resolve_model_path
     from lite_verl.tools.auto import card_sizes, check_topology, detect
     from lite_verl.tools.plan import check_plan, shape_of
 
-    if not (cfg.rollout.gpus or cfg.train.gpus):
-        return
     model_dir = resolve_model_path(cfg.model)
+    if not (cfg.rollout.gpus or cfg.train.gpus):  # a CPU run: the host's RAM only
+        return check_plan(cfg, model_dir, {})
     gpus = detect() if gpus is None else gpus
     check_plan(cfg, model_dir, card_sizes(gpus))
     check_topology(cfg, shape_of(model_dir), gpus)

@@ -6,9 +6,15 @@ means CPU. Rollout workers in their own processes get CUDA_VISIBLE_DEVICES set f
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
+import re
 import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
 
 import torch
 
@@ -126,3 +132,50 @@ def nccl_env(gpus: tuple[int, ...]) -> dict[str, str]:
     if all(torch.cuda.can_device_access_peer(a, b) for a, b in pairs):
         return {}
     return {"NCCL_P2P_DISABLE": "1"}
+
+
+@contextlib.contextmanager
+def gpu_start_lock(max_wait_s: float = 900.0) -> Iterator[None]:
+    """Held while a vLLM engine starts on this process's GPUs (CUDA_VISIBLE_DEVICES): an exclusive flock per
+    physical GPU in the temp directory, taken in order. vLLM sizes its KV cache from the free memory it sees
+    while it profiles; two engines starting at once on one card (a run and an `eval`, two runs) each count
+    the other's growth as their own and one ends with no KV cache. After max_wait_s it starts anyway (a
+    start that hangs elsewhere must not hang this one). Nothing on a CPU or without fcntl."""
+    try:
+        import fcntl
+    except ImportError:  # pragma: no cover - Windows
+        yield
+        return
+    gpus = [g.strip() for g in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if g.strip()]
+    if not gpus or not torch.cuda.is_available():
+        yield
+        return
+    folder = Path(tempfile.gettempdir()) / "lite-verl-gpu-locks"
+    folder.mkdir(exist_ok=True)
+    fds: list[int] = []
+    deadline = time.monotonic() + max_wait_s
+    try:
+        for gpu in sorted(gpus):
+            fd = os.open(
+                folder / f"vllm-start-{re.sub(r'[^A-Za-z0-9_-]', '_', gpu)}.lock",
+                os.O_RDWR | os.O_CREAT | os.O_CLOEXEC,
+                0o666,
+            )
+            fds.append(fd)
+            while True:
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    break
+                except BlockingIOError:
+                    if time.monotonic() > deadline:
+                        break
+                    time.sleep(0.5)
+        yield
+    finally:
+        for fd in fds:
+            os.close(fd)  # releases its flock
+
+
+def vllm_memory_race(message: str) -> bool:
+    """vLLM failed to start because another process's GPU memory changed while it measured free memory."""
+    return "Error in memory profiling" in message or "No available memory for the cache blocks" in message

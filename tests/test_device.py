@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from lite_verl.device import nccl_env, visible_devices_env
@@ -53,3 +54,70 @@ def test_offloaded_state_is_pinned_only_where_pinning_is_exact(capsys):
     block = torch.empty(9 * 2**20 + 4096, dtype=torch.uint8).pin_memory()
     assert torch.cuda.host_memory_stats()["active_bytes.current"] - before < 16 * 2**20
     del block
+
+
+def test_one_vllm_engine_starts_per_gpu_at_a_time(monkeypatch, tmp_path):
+    """vLLM sizes its KV cache from the free memory it sees while profiling: a second engine starting on
+    the same card waits for the first (up to max_wait_s), engines on other cards do not."""
+    import threading
+    import time
+
+    import lite_verl.device as device
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(device.tempfile, "gettempdir", lambda: str(tmp_path))
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3")
+    waited: dict[str, float] = {}
+
+    def second(name: str, wait: float) -> None:
+        t0 = time.monotonic()
+        with device.gpu_start_lock(max_wait_s=wait):
+            waited[name] = time.monotonic() - t0
+
+    with device.gpu_start_lock():
+        late = threading.Thread(target=second, args=("same card, gives up", 0.6))
+        late.start()
+        late.join()
+        monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "GPU-uuid/4")  # another card (a UUID-style id)
+        second("other card", 30.0)
+        monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3")
+        blocked = threading.Thread(target=second, args=("same card, waits", 30.0))
+        blocked.start()
+        time.sleep(0.8)
+        assert blocked.is_alive()  # still waiting while the first start holds the card
+    blocked.join(10)
+    assert waited["same card, gives up"] >= 0.5
+    assert waited["other card"] < 0.5
+    assert 0.7 <= waited["same card, waits"] < 10
+
+
+def test_vllm_start_is_retried_once_only_when_another_process_moved_the_memory(capsys):
+    from lite_verl.rollout.vllm_worker import _start
+
+    race = AssertionError(
+        "Error in memory profiling. Initial free memory 119.35 GiB, current free memory 124.81 GiB."
+    )
+    calls: list[dict] = []
+
+    def flaky(errors):
+        def make(**kwargs):
+            calls.append(kwargs)
+            if errors:
+                raise errors.pop(0)
+            return "engine"
+
+        return make
+
+    assert _start(flaky([race]), {"model": "m"}) == "engine" and len(calls) == 2
+    assert "retrying once" in capsys.readouterr().err
+    calls.clear()
+    with pytest.raises(ValueError, match="max_model_len"):  # a real error: no retry
+        _start(flaky([ValueError("max_model_len 9999 is too long")]), {})
+    assert len(calls) == 1
+    calls.clear()
+    full = ValueError("No available memory for the cache blocks. Try increasing `gpu_memory_utilization`")
+    with pytest.raises(
+        RuntimeError, match="No available memory.*on a retry; the first start: Error in memory"
+    ):
+        _start(flaky([race, full]), {})
+    assert len(calls) == 2

@@ -106,7 +106,7 @@ def _make_llm(o: WorkerOptions):
         # a prompt split over two scheduler steps rewinds its seeded sampler, which a CPU generator
         # cannot do ("CPU Generator does not use offset"): schedule whole prompts only
         kwargs.update(llm_kwargs(enable_chunked_prefill=False))
-    llm = LLM(**kwargs)
+    llm = _start(LLM, kwargs)
     if o.sleep_mode:  # asleep (level 1), vLLM parks each weight tensor in pinned host memory
         from lite_verl.device import pin_host_memory
 
@@ -115,6 +115,48 @@ def _make_llm(o: WorkerOptions):
             "(rollout.sleep_level=2 with merged sync keeps none)"
         )
     return llm
+
+
+def _start(make: Any, kwargs: dict) -> Any:
+    """make(**kwargs) (vLLM's LLM) while no other lite-verl engine starts on these GPUs, and once more when
+    another process's memory moved under vLLM's measurement (device.vllm_memory_race)."""
+    import sys
+    import time
+
+    from lite_verl.device import gpu_start_lock, vllm_memory_race
+    from lite_verl.errors import first_line
+
+    first = ""
+    for attempt in (1, 2):
+        with gpu_start_lock():
+            try:
+                return make(**kwargs)
+            except (AssertionError, ValueError, RuntimeError) as e:
+                if first:  # the retry failed too
+                    raise RuntimeError(f"{first_line(e)} (on a retry; the first start: {first})") from e
+                if attempt == 2 or not vllm_memory_race(str(e)):
+                    raise
+                first = first_line(e)
+        # out of the except block: the failed engine's frames (and its weights) can be freed now
+        print(f"lite-verl: vLLM start: GPU memory moved while it measured ({first[:160]}); retrying once",
+              file=sys.stderr, flush=True)  # fmt: skip
+        _free_failed_engine()
+        time.sleep(5)
+    raise AssertionError("unreachable")
+
+
+def _free_failed_engine() -> None:
+    """What a failed LLM() left: its distributed state and cached GPU memory."""
+    import contextlib
+    import gc
+
+    with contextlib.suppress(Exception):
+        from vllm.distributed.parallel_state import cleanup_dist_env_and_memory
+
+        cleanup_dist_env_and_memory()
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
 
 
 class _Server:

@@ -237,7 +237,24 @@ def host_parts(cfg: Config, shape: Shape) -> dict[str, float]:
     sleeps = cfg.rollout.engine == "vllm" and cfg.rollout.colocate and set(cfg.rollout.gpus) & set(t.gpus)
     if sleeps and cfg.rollout.sleep_level == 1:  # level 2 discards them
         parts["vLLM weights while asleep"] = served_weights_gib(cfg, shape)
+    if not t.gpus:  # the trainer on the CPU: what a GPU plan puts on the card lives in RAM
+        parts.update({f"{k} (trainer on the CPU)": v for k, v in train_parts(cfg, shape).items()})
+    if cfg.rollout.engine == "vllm" and not cfg.rollout.gpus:  # vLLM on the CPU: its weights and KV space
+        parts[CPU_VLLM] = served_weights_gib(cfg, shape) + cpu_kv_gib()
     return parts
+
+
+CPU_VLLM = "vLLM on the CPU (weights + VLLM_CPU_KVCACHE_SPACE)"
+
+
+def cpu_kv_gib() -> float:
+    """The KV space vLLM's CPU backend takes (rollout/vllm_start.py sets 1 GiB unless the user set it)."""
+    import os
+
+    try:
+        return float(os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1"))
+    except ValueError:
+        return 1.0
 
 
 def host_gib(cfg: Config, shape: Shape) -> float:
@@ -255,7 +272,7 @@ def host_refusal(cfg: Config, shape: Shape) -> str:
     if not have or host <= HOST_USABLE * have:
         return ""
     return (f"host memory: the run would keep ~{host:.0f} GiB of this machine's {have:.0f} GiB (lite-verl plan); "
-            f"{host_knob(cfg)}")  # fmt: skip
+            f"{host_knob(cfg, host_parts(cfg, shape))}")  # fmt: skip
 
 
 def host_total_gib() -> float:
@@ -317,8 +334,15 @@ def _offload_knob(cfg: Config, biggest: str) -> str:
     return "use train.backend=lora or qlora (only an adapter trains)"
 
 
-def host_knob(cfg: Config) -> str:
+def host_knob(cfg: Config, parts: Mapping[str, float]) -> str:
     t = cfg.train
+    biggest = max((k for k in parts if k != LOAD), key=lambda k: parts[k], default="")
+    if biggest.startswith("activations") and not t.gradient_checkpointing:
+        return "set train.gradient_checkpointing=true (the trainer's activations are the biggest part)"
+    if biggest.startswith(DYNAMIC) and t.micro_batch_size > 1:
+        return f"lower train.micro_batch_size (now {t.micro_batch_size}); the maths stays the same"
+    if biggest == CPU_VLLM:
+        return "lower VLLM_CPU_KVCACHE_SPACE (GiB) or use rollout.engine=hf"
     if t.backend == "fsdp" and t.offload_params and t.optimizer_state_dtype == "float32":
         return ("offloaded full fine-tuning keeps 16 bytes per parameter in host memory: set "
                 "train.optimizer_state_dtype=bfloat16 (12 bytes), use train.backend=qlora or lora, or more RAM")  # fmt: skip
@@ -333,13 +357,14 @@ def shape_of(model_dir: Path) -> Shape:
 
 
 def check_plan(cfg: Config, model_dir: Path, cards: Mapping[str, float] | None = None) -> None:
-    """Before anything loads: a GPU config that cannot fit is a ConfigError naming the GPU and the knob."""
+    """Before anything loads: a config that cannot fit (a GPU, or the host's RAM) is a ConfigError naming the
+    GPU or the host and the knob."""
     from lite_verl.errors import ConfigError
 
-    if not cfg.trainer.plan_check or not (cfg.rollout.gpus or cfg.train.gpus):
+    if not cfg.trainer.plan_check:
         return
     shape = shape_of(model_dir)
-    host = host_refusal(cfg, shape)
+    host = host_refusal(cfg, shape)  # also a CPU run's: its trainer and vLLM live in RAM
     if host:
         raise ConfigError(f"{host}, or set trainer.plan_check=false to try anyway")
     for p in plan(cfg, shape, cards):
@@ -351,15 +376,13 @@ def check_plan(cfg: Config, model_dir: Path, cards: Mapping[str, float] | None =
 
 
 def format_plan(cfg: Config, plans: list[GpuPlan], shape: Shape | None = None) -> str:
-    if not plans:
-        return "plan: no GPU in this config (CPU run): nothing to predict"
-    lines = []
+    lines = [] if plans else ["plan: no GPU in this config (CPU run): host memory only"]
     if shape is not None:
         host, have = host_parts(cfg, shape), host_total_gib()
         lines.append(
             f"host: ~{host_gib(cfg, shape):.1f} GiB of {have:.0f} GiB RAM (the larger of the load and what stays)"
         )
-        lines += [f"    {k:<40} {v:6.2f} GiB" for k, v in host.items()]
+        lines += [f"    {k:<52} {v:6.2f} GiB" for k, v in host.items()]
     for p in plans:
         verdict = "fits" if p.fits else f"DOES NOT FIT: {knob(cfg, p)}"
         lines.append(f"GPU {p.gpu} ({p.model}, {p.card_gib:.0f} GiB, {USABLE:.0%} usable): predicted peak "
