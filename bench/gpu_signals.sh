@@ -46,6 +46,7 @@ tail -3 $W/int.log
 python3 -m lite_verl train --resume $W/term --set trainer.total_steps=$(( $(grep -c '"step"' $W/term/metrics.jsonl) + 2 )) \
   > $W/resume.log 2>&1; rc=$?
 check "resume: exit 0 (was $rc)" '[ $rc = 0 ]'
+[ $rc = 0 ] || grep -v "WARNING\|INFO" $W/resume.log | tail -5
 python3 - $W/term/metrics.jsonl <<'PY'
 import json, sys
 rows = [json.loads(l) for l in open(sys.argv[1]) if '"rollout/logprob_gap_mean"' in l]

@@ -197,6 +197,36 @@ def test_host_memory_of_offloaded_full_fine_tuning(tmp_path, monkeypatch):
     assert plan_mod.host_gib(lora, QWEN_7B) == pytest.approx(2 * p / GIB)
 
 
+def test_a_cpu_run_that_would_not_fit_in_ram_is_refused_with_the_knob(tmp_path, monkeypatch):
+    """The laptop preset with a real 135M model (SmolLM2's shape) and the arithmetic recipe: the trainer's
+    fp32 activations live in RAM. 64 sequences per forward/backward (~27 GiB) were killed by the kernel on a
+    24 GiB machine (2026-12-05); the plan refuses that and names the knob, and the preset's own fits."""
+    from lite_verl.tools import plan as plan_mod
+
+    (tmp_path / "config.json").write_text(json.dumps({
+        "hidden_size": 576, "intermediate_size": 1536, "num_hidden_layers": 30, "num_attention_heads": 9,
+        "num_key_value_heads": 3, "vocab_size": 49152, "tie_word_embeddings": True,
+    }))  # fmt: skip
+    vllm = ["rollout.engine=vllm", "rollout.quantization=none"]
+    monkeypatch.setattr(plan_mod, "host_total_gib", lambda: 24.0)
+    big = load_config("laptop", None, ["train.micro_batch_size=64", *vllm], recipe="arithmetic")
+    host = plan_mod.host_parts(big, plan_mod.shape_of(tmp_path))
+    assert 20 < host["activations (trainer on the CPU)"] < 35
+    assert host[plan_mod.CPU_VLLM] > 1.0  # its weights and the 1 GiB KV space
+    with pytest.raises(
+        ConfigError, match="host memory: .* of this machine's 24 GiB.*train.gradient_checkpointing=true"
+    ):
+        check_plan(big, tmp_path)
+    check_plan(load_config("laptop", None, vllm, recipe="arithmetic"), tmp_path)  # the preset's 16
+    check_plan(load_config("laptop", None, ["train.micro_batch_size=64", "train.gradient_checkpointing=true", *vllm],
+                           recipe="arithmetic"), tmp_path)  # fmt: skip
+    monkeypatch.setattr(plan_mod, "host_total_gib", lambda: 8.0)  # an 8 GB laptop: fewer rows per pass
+    ckpt = load_config("laptop", None, ["train.gradient_checkpointing=true", *vllm], recipe="arithmetic")
+    check_plan(ckpt, tmp_path)
+    with pytest.raises(ConfigError, match="lower train.micro_batch_size \\(now 16\\)"):
+        check_plan(load_config("laptop", None, ["train.gradient_checkpointing=true", "train.micro_batch_size=16", "data.max_prompt_length=4096", *vllm], recipe="arithmetic"), tmp_path)  # fmt: skip
+
+
 def test_trainer_memory_cap():
     capped = load_config("4090x1", None, ["train.max_memory_gib=4"])
     (gpu,) = plan(capped, QWEN_1_5B)

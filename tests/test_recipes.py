@@ -82,7 +82,7 @@ def test_layers_defaults_recipe_preset_config_set(tmp_path):
     user.write_text("train: {warmup_steps: 4}\ntrainer: {batch_size: 4}\n")
     cfg = load_config("laptop", str(user), ["trainer.batch_size=2"], recipe=str(recipe))
     assert cfg.train.lr == 0.5  # the recipe over the default
-    assert cfg.train.micro_batch_size == 64  # the preset's
+    assert cfg.train.micro_batch_size == 16  # the preset's (the default is 8)
     assert cfg.train.warmup_steps == 4  # --config over the recipe
     assert (cfg.trainer.total_steps, cfg.trainer.batch_size) == (7, 2)  # --set over --config
     # a resolved run config records its recipe and re-loads to the same config without naming it again
