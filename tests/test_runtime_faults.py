@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 
@@ -55,6 +57,32 @@ def test_nan_loss_skips_the_step_then_stops_the_run(tmp_path):
     # weights changed by the one good step only, and hold no NaN
     assert all(torch.isfinite(p).all() for p in after)
     assert any(not torch.equal(a, b) for a, b in zip(after, before))
+
+
+def test_a_skipped_step_says_in_which_layer_the_non_finite_gradient_started(capsys):
+    """A NaN born in one decoder layer's backward spoils that layer and the ones below it (the backward runs
+    from the head down): the warning names the highest spoiled layer as the start."""
+    cfg = load_config("laptop", None, SMALL)
+    backend = prepare(cfg).backend
+    layers = backend.model.get_base_model().model.layers
+    assert len(layers) >= 2
+    top = len(layers) - 2  # a layer below the last one
+
+    def poison(module, grad_input, grad_output):
+        return tuple(g * float("nan") if g is not None else None for g in grad_input)
+
+    handle = layers[top].mlp.register_full_backward_hook(poison)
+    ids = torch.randint(3, 100, (2, 12))
+    log_prob, _ = backend.forward(ids, torch.ones_like(ids), 4, 1.0)
+    backend.backward(log_prob.sum())
+    handle.remove()
+    assert not math.isfinite(backend.step())
+    err = capsys.readouterr().err
+    assert "non-finite gradients in" in err and f"decoder layers 0..{top};" in err, err
+    log_prob, _ = backend.forward(ids, torch.ones_like(ids), 4, 1.0)
+    backend.backward(log_prob.sum())
+    assert math.isfinite(backend.step())  # the next step is clean, and says nothing
+    assert "non-finite" not in capsys.readouterr().err
 
 
 def _steps(micro: int, oom_above: int | None, *extra: str, tokens: bool = False) -> list[dict]:

@@ -26,7 +26,15 @@ def shipped(tmp_path_factory) -> Path:
               cwd=home)  # fmt: skip
     assert run.returncode == 0, run.stderr[-2000:]
     for fmt, quant in (("hf", ""), ("gguf", "f16"), ("gguf", "q8_0")):
-        out = cli("export", "run", f"{fmt}{quant}", "--format", fmt, *(["--quant", quant] if quant else []), cwd=home)
+        out = cli(
+            "export",
+            "run",
+            f"{fmt}{quant}",
+            "--format",
+            fmt,
+            *(["--quant", quant] if quant else []),
+            cwd=home,
+        )
         assert out.returncode == 0, out.stderr[-2000:]
     return home
 
@@ -35,7 +43,9 @@ def greedy(model, ids, n: int = 12) -> list[int]:
     import torch
 
     with torch.no_grad():
-        return model.generate(ids, max_new_tokens=n, do_sample=False, min_new_tokens=n)[0, ids.shape[1] :].tolist()
+        return model.generate(ids, max_new_tokens=n, do_sample=False, min_new_tokens=n)[
+            0, ids.shape[1] :
+        ].tolist()
 
 
 def load_both(home: Path, quant: str):
@@ -52,7 +62,9 @@ def prompt_ids(home: Path):
     from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(home / "hf")
-    chats = [[{"role": "user", "content": c}] for c in ("What is 12 + 7?", "Echo: cat dog", "Compute 3 * 4 - 5")]
+    chats = [
+        [{"role": "user", "content": c}] for c in ("What is 12 + 7?", "Echo: cat dog", "Compute 3 * 4 - 5")
+    ]
     return tok, [tok.apply_chat_template(c, add_generation_prompt=True, return_tensors="pt", return_dict=True)
                  ["input_ids"] for c in chats]  # fmt: skip
 
@@ -90,7 +102,9 @@ def test_gguf_holds_the_vocabulary_and_chat_template(shipped):
     template = reader.fields["tokenizer.chat_template"]
     assert "<|im_start|>" in bytes(template.parts[template.data[0]]).decode()
     pre = reader.fields["tokenizer.ggml.pre"]
-    assert bytes(pre.parts[pre.data[0]]).decode() == "qwen2"  # the tiny tokenizer as transformers saves it: Qwen2's split
+    assert (
+        bytes(pre.parts[pre.data[0]]).decode() == "qwen2"
+    )  # the tiny tokenizer as transformers saves it: Qwen2's split
 
 
 def test_modelfile_and_model_card(shipped):
@@ -144,10 +158,16 @@ def test_bad_quant_is_refused_before_any_work(shipped):
 @pytest.mark.skipif(HAS_LLAMA_CPP, reason="llama-cpp-python is installed: the k-quant test runs instead")
 def test_kquant_without_llama_cpp_says_what_to_do(shipped):
     out = cli("export", "run", "k", "--format", "gguf", "--quant", "q4_k_m", cwd=shipped)
-    assert out.returncode == 2 and "pip install llama-cpp-python" in out.stderr and "--quantize Q4_K_M" in out.stderr
+    assert (
+        out.returncode == 2
+        and "pip install llama-cpp-python" in out.stderr
+        and "--quantize Q4_K_M" in out.stderr
+    )
 
 
-@pytest.mark.skipif(not HAS_LLAMA_CPP, reason="llama-cpp-python is not installed: pip install llama-cpp-python")
+@pytest.mark.skipif(
+    not HAS_LLAMA_CPP, reason="llama-cpp-python is not installed: pip install llama-cpp-python"
+)
 def test_llama_cpp_runs_the_export_and_quantizes_it(shipped):
     """llama.cpp itself loads the f16 file and continues a prompt as transformers does; q4_k_m is written."""
     from llama_cpp import Llama
@@ -165,7 +185,9 @@ def test_llama_cpp_runs_the_export_and_quantizes_it(shipped):
     assert got == want
     out = cli("export", "run", "k", "--format", "gguf", "--quant", "q4_k_m", cwd=shipped)
     assert out.returncode == 0, out.stderr[-2000:]
-    assert (shipped / "k" / "model-q4_k_m.gguf").stat().st_size < (shipped / "gguff16" / "model-f16.gguf").stat().st_size
+    assert (shipped / "k" / "model-q4_k_m.gguf").stat().st_size < (
+        shipped / "gguff16" / "model-f16.gguf"
+    ).stat().st_size
 
 
 def test_export_never_replaces_what_is_not_an_earlier_export(shipped):
@@ -178,5 +200,7 @@ def test_export_never_replaces_what_is_not_an_earlier_export(shipped):
         out = cli("export", "run", inside, cwd=shipped)
         assert out.returncode == 2, inside
     assert (shipped / "run" / "config.yaml").is_file()
-    out = cli("export", "run", "gguff16", "--format", "gguf", "--quant", "f16", cwd=shipped)  # an earlier export
+    out = cli(
+        "export", "run", "gguff16", "--format", "gguf", "--quant", "f16", cwd=shipped
+    )  # an earlier export
     assert out.returncode == 0, out.stderr[-2000:]

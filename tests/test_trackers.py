@@ -156,7 +156,9 @@ def _tensorboard_scalars(tb: Path, tag: str) -> list[tuple[int, float]]:
     try:
         from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
     except ImportError:
-        return [(e.step, v.simple_value) for e in _tensorboard_events(tb) for v in e.summary.value if v.tag == tag]
+        return [
+            (e.step, v.simple_value) for e in _tensorboard_events(tb) for v in e.summary.value if v.tag == tag
+        ]
     events = EventAccumulator(str(tb))
     events.Reload()
     return [(e.step, e.value) for e in events.Scalars(tag)]

@@ -76,9 +76,13 @@ def _corrected_steps(monkeypatch, separate_pass: bool, level: str) -> list[dict[
     from lite_verl.data.loader import PromptSampler
     from lite_verl.run.cost import Ledger
 
-    if separate_pass:  # the old path: a no-grad "experience" forward gives old, weights formed before the update
+    if (
+        separate_pass
+    ):  # the old path: a no-grad "experience" forward gives old, weights formed before the update
         monkeypatch.setattr(update, "on_policy", lambda cfg: False)
-    cfg = load_config("laptop", None, SMALL + [f"algorithm.rollout_correction={level}", "train.micro_batch_size=2"])
+    cfg = load_config(
+        "laptop", None, SMALL + [f"algorithm.rollout_correction={level}", "train.micro_batch_size=2"]
+    )
     session = prepare(cfg)
     generate = session.engine.generate
 
@@ -386,7 +390,10 @@ def test_bf16_model_runs_its_adapters_in_bf16_with_fp32_master_weights():
     lp, _ = backend.forward(ids, torch.ones_like(ids), 12, 1.0, True)
     assert seen and set(seen) == {torch.bfloat16}
     lp.sum().backward()
-    assert all(p.dtype == torch.float32 and p.grad is not None and p.grad.dtype == torch.float32 for p in backend.params)
+    assert all(
+        p.dtype == torch.float32 and p.grad is not None and p.grad.dtype == torch.float32
+        for p in backend.params
+    )
     backend.compute_dtype = None  # peft's own way: the adapters in fp32
     seen.clear()
     with torch.no_grad():

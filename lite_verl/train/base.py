@@ -21,7 +21,8 @@ tokens (the last R of each row).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+import re
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
@@ -197,3 +198,38 @@ class TrainBackend(Protocol):
         """Bytes of parameter storage this process holds for the trained model and its critic (its
         shards when sharded; a frozen base counted, the KL reference of full fine-tuning not)."""
         ...
+
+
+def clip_gradients(params: list[torch.nn.Parameter], max_norm: float) -> float:
+    """Clip the gradients to a global norm of max_norm; -> the norm before. A non-finite norm leaves them as
+    they are (torch's clip_grad_norm_ would scale every one by NaN, hiding where it started)."""
+    utils = torch.nn.utils
+    if not hasattr(utils, "get_total_norm"):  # torch < 2.6
+        return float(utils.clip_grad_norm_(params, max_norm))
+    norm = utils.get_total_norm([p.grad for p in params if p.grad is not None])
+    if bool(torch.isfinite(norm)):
+        utils.clip_grads_with_norm_(params, max_norm, norm)
+    return float(norm)
+
+
+def nonfinite_gradients(named: Iterable[tuple[str, torch.nn.Parameter]]) -> str:
+    """Where a non-finite gradient norm comes from, in one line: which trained tensors hold NaN or inf
+    gradients and the decoder layers they span. The backward runs from the head down, so a value born
+    in layer k's backward spoils layers 0..k: the highest spoiled layer is where it started (every layer
+    spoiled: the loss, the head or the last layer)."""
+    bad, total, layers, kinds = 0, 0, [], set()
+    for name, p in named:
+        if p.grad is None:
+            continue
+        total += 1
+        if bool(torch.isfinite(p.grad).all()):
+            continue
+        bad += 1
+        found = re.search(r"layers\.(\d+)\.", name)
+        if found:
+            layers.append(int(found.group(1)))
+        kinds.add(re.sub(r".*\.(\w+_proj)\..*", r"\1", name) if "_proj" in name else name.rsplit(".", 2)[-2])
+    if not bad:
+        return "every gradient is finite (the non-finite value came from the loss)"
+    span = f"decoder layers {min(layers)}..{max(layers)}" if layers else "no decoder layer"
+    return f"non-finite gradients in {bad} of {total} trained tensors ({span}; {', '.join(sorted(kinds))})"

@@ -15,6 +15,7 @@ replica: build_rank_backend (train/rank.py) broadcasts rank 0's, and `step` sums
 from __future__ import annotations
 
 import math
+import sys
 from collections.abc import Iterator
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from pathlib import Path
@@ -26,7 +27,15 @@ from lite_verl.batch import position_ids
 from lite_verl.config import Config, CriticConfig, TrainConfig
 from lite_verl.errors import ConfigError
 from lite_verl.tensorfile import FlatFileWriter
-from lite_verl.train.base import Bucket, Convert, LinearGroup, Transform, set_group_lr
+from lite_verl.train.base import (
+    Bucket,
+    Convert,
+    LinearGroup,
+    Transform,
+    clip_gradients,
+    nonfinite_gradients,
+    set_group_lr,
+)
 from lite_verl.train.dist import sum_gradients
 from lite_verl.train.head import response_log_probs
 
@@ -224,9 +233,12 @@ class LoraBackend:
         global grad norm; skips the step when it is not finite (every rank sees the same norm)."""
         sum_gradients(self.params)
         max_norm = self.grad_clip if self.grad_clip > 0 else math.inf
-        norm = float(torch.nn.utils.clip_grad_norm_(self.params, max_norm))
+        norm = clip_gradients(self.params, max_norm)
         if math.isfinite(norm):
             self.optimizer.step()
+        else:  # the step is skipped (loop.py warns); say where the value started
+            trained = ((n, p) for n, p in self.model.named_parameters() if p.requires_grad)
+            print(f"lite-verl: warning: {nonfinite_gradients(trained)}", file=sys.stderr, flush=True)
         self.zero_grad()
         return norm
 
