@@ -46,6 +46,37 @@ def llama_cpp_greedy(path: Path, prompts, tokens: int) -> list[list[int]] | None
     return out
 
 
+def greedy(model, prompts, tokens: int) -> list[list[int]]:
+    """transformers' greedy completion of each prompt's ids (the new tokens only)."""
+    import torch
+
+    with torch.no_grad():
+        return [
+            model.generate(ids, max_new_tokens=tokens, do_sample=False)[0, ids.shape[1] :].tolist()
+            for ids in prompts
+        ]
+
+
+def convert(src: Path, out: Path, quant: str, prompts, tokens: int):
+    """Write the GGUF into `out`; -> (its path, conversion s, llama.cpp's completions or None, the GGUF
+    loaded by transformers or None for a k-quant, its tokenizer)."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from lite_verl.ship.gguf import KQUANTS, write_gguf
+
+    start = time.perf_counter()
+    path = write_gguf(src, out, quant, "model")
+    convert_s = time.perf_counter() - start
+    cpp = llama_cpp_greedy(path, prompts, tokens)
+    gg = (
+        None
+        if quant in KQUANTS
+        else AutoModelForCausalLM.from_pretrained(out, gguf_file=path.name, dtype=torch.float32)
+    )
+    return path, convert_s, cpp, gg, AutoTokenizer.from_pretrained(out, gguf_file=path.name)
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("model", help="a HF model directory")
@@ -58,78 +89,46 @@ def main() -> None:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from lite_verl.data.tasks import task_rows
-    from lite_verl.ship.gguf import KQUANTS, check_quant, write_gguf
+    from lite_verl.ship.gguf import check_quant
 
     src = Path(args.model)
     name = args.name or src.name
     tok = AutoTokenizer.from_pretrained(src)
-    hf = AutoModelForCausalLM.from_pretrained(src, dtype=torch.float32)
     rows = task_rows("arithmetic", args.prompts, seed=0, split="test")
     texts = [
         tok.apply_chat_template(list(r.messages), add_generation_prompt=True, tokenize=False) for r in rows
     ]
     prompts = [tok(t, return_tensors="pt", add_special_tokens=False).input_ids for t in texts]
-    with torch.no_grad():
-        want = [
-            hf.generate(ids, max_new_tokens=args.tokens, do_sample=False)[0, ids.shape[1] :].tolist()
-            for ids in prompts
-        ]
+    want = greedy(AutoModelForCausalLM.from_pretrained(src, dtype=torch.float32), prompts, args.tokens)
     command = "python -m bench.gguf_roundtrip " + " ".join(sys.argv[1:])
     settings = f"{args.prompts} built-in arithmetic prompts (chat template), greedy, {args.tokens} new tokens, CPU fp32"
+
+    def row(metric: str, value: float, unit: str = "fraction") -> None:
+        append("gguf", name, settings, metric, value, unit, command)
+
     for quant in args.quants.split(","):
         quant = check_quant(quant)
         with tempfile.TemporaryDirectory() as out:
-            start = time.perf_counter()
-            path = write_gguf(src, Path(out), quant, "model")
-            convert_s = time.perf_counter() - start
+            path, convert_s, cpp, gg, gtok = convert(src, Path(out), quant, prompts, args.tokens)
             size = path.stat().st_size / 2**20
-            cpp = llama_cpp_greedy(path, prompts, args.tokens)
-            gg = (
-                None
-                if quant in KQUANTS
-                else AutoModelForCausalLM.from_pretrained(out, gguf_file=path.name, dtype=torch.float32)
-            )
-            gtok = AutoTokenizer.from_pretrained(out, gguf_file=path.name)
         if cpp is not None:
             same = sum(a == b for a, b in zip(cpp, want))
-            append(
-                "gguf",
-                name,
-                settings,
-                f"{quant}_llama_cpp_identical_completions",
-                same / len(want),
-                "fraction",
-                command,
-            )
-            append(
-                "gguf",
-                name,
-                settings,
-                f"{quant}_llama_cpp_token_agreement",
-                agreement(cpp, want),
-                "fraction",
-                command,
-            )
-            print(
-                f"{quant} in llama.cpp: {same}/{len(want)} identical completions, token agreement {agreement(cpp, want):.3f}"
-            )
+            row(f"{quant}_llama_cpp_identical_completions", same / len(want))
+            row(f"{quant}_llama_cpp_token_agreement", agreement(cpp, want))
+            print(f"{quant} in llama.cpp: {same}/{len(want)} identical completions, "
+                  f"token agreement {agreement(cpp, want):.3f}")  # fmt: skip
         if gg is None:  # transformers cannot load k-quants
             continue
         same_ids = sum(
             gtok(t, add_special_tokens=False).input_ids == ids[0].tolist() for t, ids in zip(texts, prompts)
         )
-        with torch.no_grad():
-            got = [
-                gg.generate(ids, max_new_tokens=args.tokens, do_sample=False)[0, ids.shape[1] :].tolist()
-                for ids in prompts
-            ]
-        same = sum(a == b for a, b in zip(got, want))
-        agree = agreement(got, want)
-        for metric, value, unit in ((f"{quant}_identical_completions", same / len(want), "fraction"),
-                                    (f"{quant}_token_agreement", agree, "fraction"),
-                                    (f"{quant}_same_prompt_ids", same_ids / len(texts), "fraction"),
-                                    (f"{quant}_file_mib", size, "MiB"), (f"{quant}_convert_s", convert_s, "s")):  # fmt: skip
-            append("gguf", name, settings, metric, value, unit, command)
+        got = greedy(gg, prompts, args.tokens)
+        same, agree = sum(a == b for a, b in zip(got, want)), agreement(got, want)
+        row(f"{quant}_identical_completions", same / len(want))
+        row(f"{quant}_token_agreement", agree)
+        row(f"{quant}_same_prompt_ids", same_ids / len(texts))
+        row(f"{quant}_file_mib", size, "MiB")
+        row(f"{quant}_convert_s", convert_s, "s")
         print(f"{quant}: {same}/{len(want)} identical completions, token agreement {agree:.3f}, prompt ids "
               f"{same_ids}/{len(texts)} equal, {size:.1f} MiB, converted in {convert_s:.1f} s")  # fmt: skip
     render()
