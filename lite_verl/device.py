@@ -176,6 +176,12 @@ def gpu_start_lock(max_wait_s: float = 900.0) -> Iterator[None]:
             os.close(fd)  # releases its flock
 
 
+def cpu_kv_space() -> str:
+    """VLLM_CPU_KVCACHE_SPACE for a vLLM worker on the CPU: the user's, else 1 (GiB; vLLM's own default takes
+    far more of a laptop's RAM)."""
+    return os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1")
+
+
 def vllm_memory_race(message: str) -> bool:
     """vLLM failed to start because another process's GPU memory changed while it measured free memory."""
     return "Error in memory profiling" in message or "No available memory for the cache blocks" in message

@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 
 from lite_verl.config import Config, RolloutConfig
-from lite_verl.device import nccl_env, visible_devices_env
+from lite_verl.device import cpu_kv_space, nccl_env, visible_devices_env
 from lite_verl.errors import UserError
 from lite_verl.rollout.vllm_worker import WorkerOptions, worker_main
 
@@ -88,7 +88,7 @@ def _worker_env(rollout: RolloutConfig) -> dict[str, str]:
         env.update(visible_devices_env(rollout.gpus))
         env.update(nccl_env(rollout.gpus))  # tensor parallel over cards without peer access
     else:
-        env.setdefault("VLLM_CPU_KVCACHE_SPACE", os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1"))
+        env["VLLM_CPU_KVCACHE_SPACE"] = cpu_kv_space()
         if rollout.max_staleness and "VLLM_CPU_OMP_THREADS_BIND" not in os.environ:
             env.update(_split_cpu_cores())  # rollout and update run at once: give each its own cores
     return env

@@ -126,23 +126,23 @@ def _start(make: Any, kwargs: dict) -> Any:
     from lite_verl.device import gpu_start_lock, vllm_memory_race
     from lite_verl.errors import first_line
 
-    first = ""
-    for attempt in (1, 2):
-        with gpu_start_lock():
-            try:
-                return make(**kwargs)
-            except (AssertionError, ValueError, RuntimeError) as e:
-                if first:  # the retry failed too
-                    raise RuntimeError(f"{first_line(e)} (on a retry; the first start: {first})") from e
-                if attempt == 2 or not vllm_memory_race(str(e)):
-                    raise
-                first = first_line(e)
-        # out of the except block: the failed engine's frames (and its weights) can be freed now
-        print(f"lite-verl: vLLM start: GPU memory moved while it measured ({first[:160]}); retrying once",
-              file=sys.stderr, flush=True)  # fmt: skip
-        _free_failed_engine()
-        time.sleep(5)
-    raise AssertionError("unreachable")
+    with gpu_start_lock():
+        try:
+            return make(**kwargs)
+        except (AssertionError, ValueError, RuntimeError) as e:
+            if not vllm_memory_race(str(e)):
+                raise
+            first = first_line(e)
+    # out of the except block: the failed engine's frames (and its weights) can be freed now
+    print(f"lite-verl: vLLM start: GPU memory moved while it measured ({first}); retrying once",
+          file=sys.stderr, flush=True)  # fmt: skip
+    _free_failed_engine()
+    time.sleep(5)
+    with gpu_start_lock():
+        try:
+            return make(**kwargs)
+        except (AssertionError, ValueError, RuntimeError) as e:
+            raise RuntimeError(f"{first_line(e)} (on a retry; the first start: {first})") from e
 
 
 def _free_failed_engine() -> None:

@@ -270,11 +270,11 @@ CPU_VLLM_PROCESS_GIB = 2.4
 
 
 def cpu_kv_gib() -> float:
-    """The KV space vLLM's CPU backend takes (rollout/vllm_start.py sets 1 GiB unless the user set it)."""
-    import os
+    """The KV space vLLM's CPU backend takes (device.cpu_kv_space, as the worker gets it)."""
+    from lite_verl.device import cpu_kv_space
 
     try:
-        return float(os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1"))
+        return float(cpu_kv_space())
     except ValueError:
         return 1.0
 
