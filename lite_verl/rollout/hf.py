@@ -77,12 +77,14 @@ class HFRolloutEngine:
         was_training = self.model.training
         self.model.eval()
         outs = []
-        with torch.random.fork_rng(devices=[self.device] if self.device.type == "cuda" else []):
-            torch.manual_seed(seed)
-            with self.compute():
-                outs += [self._generate_chunk(rows[a : a + self.chunk_size], sampling)
-                         for a in range(0, len(rows), self.chunk_size)]  # fmt: skip
-        self.model.train(was_training)
+        try:  # a signal may end a validation mid-way (loop._validate_or_skip): the trainer stays in train mode
+            with torch.random.fork_rng(devices=[self.device] if self.device.type == "cuda" else []):
+                torch.manual_seed(seed)
+                with self.compute():
+                    outs += [self._generate_chunk(rows[a : a + self.chunk_size], sampling)
+                             for a in range(0, len(rows), self.chunk_size)]  # fmt: skip
+        finally:
+            self.model.train(was_training)
         self.last_generate_span = (began, time.time())
         return _concat(outs, self.pad_id)
 

@@ -92,6 +92,7 @@ class VLLMRolloutEngine:
         self.pad_id = int(tokenizer.pad_token_id)
         self.eos_ids = sorted({int(tokenizer.eos_token_id)} | _generation_eos(Path(options.model)))
         self.shm = _adapter_dir()
+        self._unanswered: str | None = None  # the request whose reply the controller has not read
         self.conn, self.proc = start_worker(options, rollout)
         features = self._wait("start", START_TIMEOUT_S) or {}
         # adapter sync from memory (no file) where this vLLM allows it; LITE_VERL_ADAPTER_FILES=1 forces files
@@ -100,6 +101,7 @@ class VLLMRolloutEngine:
 
     # --- plumbing --------------------------------------------------------------------------------
     def _wait(self, what: str, timeout: float) -> Any:
+        self._unanswered = what  # until its reply is read: a wait cut short (a signal) leaves it set
         deadline = time.monotonic() + timeout
         while not self.conn.poll(1.0):
             if not self.proc.is_alive():
@@ -109,6 +111,7 @@ class VLLMRolloutEngine:
             if time.monotonic() > deadline:
                 raise RolloutWorkerError(f"the vLLM worker did not answer {what} within {timeout:.0f}s")
         status, result, trace = self.conn.recv()
+        self._unanswered = None
         if status != "ok":
             if os.environ.get("LITE_VERL_DEBUG"):
                 print(trace, file=sys.stderr)
@@ -124,12 +127,15 @@ class VLLMRolloutEngine:
         return self._wait(command, timeout)
 
     def close(self) -> None:
-        if self.proc.is_alive():
+        # a worker still busy with a request nobody reads (a validation cut short by a signal) is not asked
+        # politely: it would finish that request first. vLLM runs inside it, so killing it leaves no process.
+        if self.proc.is_alive() and self._unanswered is None:
             with suppress(RolloutWorkerError, OSError, BrokenPipeError):
                 self._call("close", timeout=30)
             self.proc.join(timeout=10)
-            if self.proc.is_alive():
-                self.proc.kill()
+        if self.proc.is_alive():
+            self.proc.kill()
+            self.proc.join(timeout=10)
         shutil.rmtree(self.shm, ignore_errors=True)
 
     # --- RolloutEngine ---------------------------------------------------------------------------

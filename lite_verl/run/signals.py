@@ -19,6 +19,8 @@ import os
 import signal
 import sys
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 # the signals that ask a run to stop; SIGHUP (a closed terminal or ssh session) where the platform has it
@@ -45,17 +47,54 @@ class Interrupted(Exception):
         super().__init__(text)
 
 
+class TrainedThenInterrupted(Interrupted):
+    """A stop signal came after the last step (during it, or cutting the final validation short): every
+    step was trained and checkpointed, so there is nothing to resume; the message says how to evaluate."""
+
+    def __init__(self, signum: int, step: int, checkpoint: bool, run_dir: str) -> None:
+        super().__init__(signum, step, checkpoint)
+        saved = (
+            f"the last checkpoint is written (evaluate it with: lite-verl eval {run_dir})"
+            if checkpoint
+            else "no checkpoint was written (trainer.keep_checkpoints=0)"
+        )
+        name = signal.Signals(signum).name
+        Exception.__init__(
+            self, f"stopped by {name} at the end of the run; all {step} steps were trained and {saved}"
+        )
+
+
+class Abandoned(Exception):
+    """A stop signal ended work that saves nothing (a validation) at once; StopRequest.signum keeps it."""
+
+
 class StopRequest:
     """While active (a context manager), the stop signals are handled here.
 
     defer=False (from the command's start until the loop runs): the first signal raises Interrupted at
     once. defer=True (the loop): the first signal is recorded in `signum` and the loop stops after the step
-    in flight; a second one raises KeyboardInterrupt (stop now)."""
+    in flight; a second one raises KeyboardInterrupt (stop now). Inside `abandoning()` the first signal
+    ends the block at once instead (Abandoned): a validation is not worth waiting minutes for."""
 
-    def __init__(self, defer: bool = True) -> None:
+    def __init__(self, defer: bool = True, saves: bool = True) -> None:
         self.defer = defer
         self.signum: int | None = None
         self._old: dict[int, Any] = {}
+        # what the first signal starts, as its message says it (never a checkpoint that will not be written)
+        self._then = "finishing this step, then " + ("writing a checkpoint" if saves else "stopping (trainer.keep_checkpoints=0: no checkpoint)")
+        self._abandon: str | None = None
+
+    @contextmanager
+    def abandoning(self, then: str) -> Iterator[None]:
+        """Run work that saves nothing: a stop signal, now or already received, raises Abandoned at once;
+        `then` is what the message says happens next."""
+        if self.signum is not None:
+            raise Abandoned
+        self._abandon = then
+        try:
+            yield
+        finally:
+            self._abandon = None
 
     def __enter__(self) -> StopRequest:
         if threading.current_thread() is threading.main_thread():
@@ -69,12 +108,14 @@ class StopRequest:
         if self.signum is not None:
             raise KeyboardInterrupt
         self.signum = signum
+        doing = f"cutting the validation short, then {self._abandon}" if self._abandon else self._then
         print(
-            f"\nlite-verl: {signal.Signals(signum).name}: finishing this step and writing a checkpoint "
-            "(send it again to stop at once)",
+            f"\nlite-verl: {signal.Signals(signum).name}: {doing} (send it again to stop at once)",
             file=sys.stderr,
             flush=True,
         )
+        if self._abandon:
+            raise Abandoned
 
     def __exit__(self, *exc: Any) -> None:
         for sig, handler in self._old.items():
