@@ -45,6 +45,30 @@ def test_rollout_log_probs_equal_trainer_log_probs():
     assert torch.equal(again.response_ids, rollout.response_ids)
 
 
+def test_streamed_rollout_log_probs_equal_those_of_every_steps_logits():
+    """The engine turns each step's logits into the sampled token's log-prob as generate goes; keeping all
+    of them (transformers' output_logits, [B, R, V]) gives the same numbers, bit for bit."""
+    from lite_verl.algos import log_probs_from_logits
+
+    session = prepare(load_config("laptop", None, SMALL))
+    engine, prompts = session.engine, [session.train_set.token_ids[i] for i in range(4)]
+    sampling = SamplingSettings(n=2, temperature=0.7, max_new_tokens=10)
+    rollout = engine.generate(prompts, sampling, seed=5)
+    rows = [p for p in prompts for _ in range(2)]
+    ids, mask = left_pad(rows, engine.pad_id)
+    torch.manual_seed(5)
+    engine.model.eval()
+    with torch.no_grad():
+        out = engine.model.generate(input_ids=ids, attention_mask=mask, do_sample=True, temperature=0.7, top_k=0,
+                                    top_p=1.0, repetition_penalty=1.0, max_new_tokens=10, eos_token_id=sorted(engine.eos_ids),
+                                    pad_token_id=engine.pad_id, output_logits=True, return_dict_in_generate=True)  # fmt: skip
+    engine.model.train()
+    tokens = out.sequences[:, ids.shape[1] :]
+    assert torch.equal(tokens * rollout.response_mask, rollout.response_ids * rollout.response_mask)
+    kept = torch.stack([log_probs_from_logits(s.float() / 0.7, t) for s, t in zip(out.logits, tokens.T)], 1)
+    assert torch.equal(kept * rollout.response_mask, rollout.rollout_log_probs)
+
+
 def _two_steps(micro: int) -> list[dict[str, float]]:
     from lite_verl.data.loader import PromptSampler
     from lite_verl.run.cost import Ledger

@@ -9,11 +9,12 @@ It generates in the trainer's own process, so it cannot overlap a rollout with t
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
-from contextlib import AbstractContextManager, nullcontext
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from typing import Any
 
 import torch
+from transformers import StoppingCriteria, StoppingCriteriaList
 
 from lite_verl.algos import log_probs_from_logits
 from lite_verl.batch import RolloutBatch
@@ -91,7 +92,19 @@ class HFRolloutEngine:
     def _generate_chunk(self, rows: list[list[int]], sampling: SamplingSettings) -> RolloutBatch:
         prompt_ids, prompt_mask = left_pad(rows, self.pad_id)
         greedy = sampling.temperature == 0
-        out = self.model.generate(
+        # the sampled tokens' log-probs, one step at a time: keeping every step's logits (output_logits)
+        # would hold [B, R, V] floats, 6 GiB for 256 rows x 128 tokens x SmolLM2's 49k vocabulary
+        scorer = _StepLogProbs(1.0 if greedy else sampling.temperature)
+        with scorer.watching(_causal_lm(self.model)):
+            out = self._sample(prompt_ids, prompt_mask, sampling, greedy, scorer)
+        response_ids = out.sequences[:, prompt_ids.shape[1] :].cpu()
+        log_probs = torch.stack(scorer.log_probs, dim=1) if scorer.log_probs else torch.zeros(response_ids.shape)
+        mask = response_mask_after_eos(response_ids, self.eos_ids)
+        response_ids = torch.where(mask.bool(), response_ids, torch.full_like(response_ids, self.pad_id))
+        return RolloutBatch(prompt_ids, prompt_mask, response_ids, mask, log_probs * mask)
+
+    def _sample(self, prompt_ids, prompt_mask, sampling: SamplingSettings, greedy: bool, scorer) -> Any:
+        return self.model.generate(
             input_ids=prompt_ids.to(self.device),
             attention_mask=prompt_mask.to(self.device),
             do_sample=not greedy,
@@ -102,23 +115,10 @@ class HFRolloutEngine:
             max_new_tokens=sampling.max_new_tokens,
             eos_token_id=sorted(self.eos_ids),
             pad_token_id=self.pad_id,
-            output_logits=True,
+            stopping_criteria=StoppingCriteriaList([scorer]),
             return_dict_in_generate=True,
             synced_gpus=self.synced,
         )
-        response_ids = out.sequences[:, prompt_ids.shape[1] :].cpu()
-        # one step at a time: stacking would copy [B, R, V], which a 150k vocabulary cannot afford
-        temperature = 1.0 if greedy else sampling.temperature
-        log_probs = torch.stack(
-            [
-                log_probs_from_logits(step.float() / temperature, tokens.to(step.device)).cpu()
-                for step, tokens in zip(out.logits, response_ids.T)
-            ],
-            dim=1,
-        )  # [B, R]
-        mask = response_mask_after_eos(response_ids, self.eos_ids)
-        response_ids = torch.where(mask.bool(), response_ids, torch.full_like(response_ids, self.pad_id))
-        return RolloutBatch(prompt_ids, prompt_mask, response_ids, mask, log_probs * mask)
 
     def submit(self, prompts: list[list[int]], sampling: SamplingSettings, seed: int) -> None:
         raise RuntimeError(_NO_OVERLAP)
@@ -146,6 +146,41 @@ _NO_OVERLAP = (
     "rollout.engine=hf generates in the trainer's process and cannot overlap a rollout with the update "
     "(rollout.max_staleness=1 needs rollout.engine=vllm)"
 )
+
+
+def _causal_lm(model: Any) -> torch.nn.Module:
+    """The transformers model whose forward `generate` calls (inside a peft wrapper, its base model)."""
+    return model.get_base_model() if hasattr(model, "get_base_model") else model
+
+
+class _StepLogProbs(StoppingCriteria):
+    """Log-probs of the sampled tokens under logits / temperature, as generate goes: a forward hook keeps
+    the model's last-position logits of the step (the raw logits, before any logits processor, as
+    output_logits gives them), and this criterion, called once the step's token is appended, turns them
+    into that token's log-prob. It never stops generation."""
+
+    def __init__(self, temperature: float) -> None:
+        self.temperature = temperature
+        self.log_probs: list[torch.Tensor] = []  # one [B] per generated token
+        self._logits: torch.Tensor | None = None
+
+    @contextmanager
+    def watching(self, model: torch.nn.Module) -> Iterator[None]:
+        handle = model.register_forward_hook(self._keep)
+        try:
+            yield
+        finally:
+            handle.remove()
+
+    def _keep(self, module: Any, args: Any, output: Any) -> None:
+        self._logits = output.logits[:, -1, :].to(dtype=torch.float32, copy=True)
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor, **kwargs: Any) -> torch.Tensor:
+        assert self._logits is not None
+        tokens = input_ids[:, -1]
+        self.log_probs.append(log_probs_from_logits(self._logits / self.temperature, tokens).cpu())
+        self._logits = None
+        return torch.zeros(input_ids.shape[0], dtype=torch.bool, device=input_ids.device)
 
 
 def _concat(parts: list[RolloutBatch], pad_id: int) -> RolloutBatch:
