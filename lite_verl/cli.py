@@ -308,7 +308,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         return _resume_run(Path(args.resume), args.sets)
     cfg, gpus = _load(args)
     check_environment(cfg)
-    _check_plan(cfg, gpus)
+    cfg = _check_plan(cfg, gpus)
     run = RunDir(Path(args.run_dir) if args.run_dir else default_run_dir(cfg.preset, cfg.recipe))
     run.check_new()  # absent or empty, and no other process's
     session = prepare(cfg)  # everything that can fail on bad input fails here, before the run dir exists
@@ -403,25 +403,29 @@ def _load(
     return choice.cfg, list(choice.gpus)
 
 
-def _check_plan(cfg: Config, gpus: list[Gpu] | None = None) -> None:
-    """Before anything loads: the plan fits every card and the host's RAM, and the cards exist with that much
-    memory free now (the GPUs are detected here unless --preset auto already did)."""
+def _check_plan(cfg: Config, gpus: list[Gpu] | None = None) -> Config:
+    """Before anything loads: train.gradient_checkpointing=auto decided by the plan, then the plan fits every
+    card and the host's RAM, and the cards exist with that much memory free now (the GPUs are detected here
+    unless --preset auto already did). -> the config to run (auto made concrete)."""
     from lite_verl.model.load import resolve_model_path
     from lite_verl.tools.auto import card_sizes, check_topology, detect
-    from lite_verl.tools.plan import check_plan, shape_of
+    from lite_verl.tools.plan import check_plan, decide_checkpointing, shape_of
 
     model_dir = resolve_model_path(cfg.model)
-    if not (cfg.rollout.gpus or cfg.train.gpus):  # a CPU run: the host's RAM only
-        return check_plan(cfg, model_dir, {})
-    gpus = detect() if gpus is None else gpus
+    cpu = not (cfg.rollout.gpus or cfg.train.gpus)  # a CPU run: the host's RAM only
+    gpus = [] if cpu else detect() if gpus is None else gpus
+    auto = cfg.train.gradient_checkpointing == "auto" and cfg.trainer.plan_check
+    cfg = decide_checkpointing(cfg, shape_of(model_dir) if auto else None, card_sizes(gpus))
     check_plan(cfg, model_dir, card_sizes(gpus))
-    check_topology(cfg, shape_of(model_dir), gpus)
+    if not cpu:
+        check_topology(cfg, shape_of(model_dir), gpus)
+    return cfg
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
     from lite_verl.model.load import resolve_model_path
     from lite_verl.tools.auto import MODEL_SHAPES, card_sizes
-    from lite_verl.tools.plan import format_plan, plan, shape_of
+    from lite_verl.tools.plan import decide_checkpointing, format_plan, plan, shape_of
 
     shape = None
     if args.model_shape:
@@ -430,6 +434,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
         shape = MODEL_SHAPES[args.model_shape.lower()]
     cfg, gpus = _load(args, shape)
     shape = shape or shape_of(resolve_model_path(cfg.model))
+    cfg = decide_checkpointing(cfg, shape, card_sizes(gpus or []))  # auto: as `train` would decide it
     print(format_plan(cfg, plan(cfg, shape, card_sizes(gpus or [])), shape))
     return 0
 

@@ -70,6 +70,8 @@ def test_laptop_preset_learns(tmp_path):
     run = tmp_path / "run"
     for name in ["config.yaml", "env.json", "metrics.jsonl", "summary.json"]:
         assert (run / name).is_file(), name
+    # the preset's gradient_checkpointing=auto, decided by the plan before loading: the tiny model fits without
+    assert "gradient_checkpointing: false" in (run / "config.yaml").read_text()
     assert list((run / "tb").iterdir()), "no TensorBoard events"
     ckpt = Path(summary["checkpoint"])
     assert (ckpt / "adapter" / "adapter_model.safetensors").is_file() and (ckpt / "optimizer.pt").is_file()

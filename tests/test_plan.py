@@ -253,3 +253,41 @@ def test_trainer_memory_cap():
         load_config("4090x1", None, ["train.max_memory_gib=-1"])
     with pytest.raises(ConfigError, match="train.max_memory_gib caps GPU memory but train.gpus is empty"):
         load_config("laptop", None, ["train.max_memory_gib=4"])
+
+
+def test_auto_checkpointing_is_off_only_where_the_plan_fits_without_it_with_room_to_spare(tmp_path, monkeypatch):
+    """train.gradient_checkpointing=auto (the laptop preset's): decided before loading from the plan, so the
+    tiny default skips the recompute and a real model's arithmetic run keeps it; explicit values stay."""
+    from lite_verl.tools import plan as plan_mod
+
+    (tmp_path / "config.json").write_text(json.dumps({
+        "hidden_size": 576, "intermediate_size": 1536, "num_hidden_layers": 30, "num_attention_heads": 9,
+        "num_key_value_heads": 3, "vocab_size": 49152, "tie_word_embeddings": True,
+    }))  # fmt: skip
+    smollm2 = plan_mod.shape_of(tmp_path)
+    monkeypatch.setattr(plan_mod, "host_total_gib", lambda: 24.0)
+    decide = plan_mod.decide_checkpointing
+    preset = load_config("laptop", None, recipe="arithmetic")
+    assert preset.train.gradient_checkpointing == "auto" and preset.train.checkpointing  # undecided: on
+    # 16 rows x 384 tokens without checkpointing plan ~21 GiB: inside 90% of 24 GiB, not with room to spare
+    assert decide(preset, smollm2, {}).train.gradient_checkpointing is True
+    four = load_config("laptop", None, ["train.micro_batch_size=4"], recipe="arithmetic")
+    assert decide(four, smollm2, {}).train.gradient_checkpointing is False
+    monkeypatch.setattr(plan_mod, "host_total_gib", lambda: 8.0)  # an 8 GB laptop keeps it even at 4 rows
+    assert decide(four, smollm2, {}).train.gradient_checkpointing is True
+    assert decide(four, None, {}).train.gradient_checkpointing is True  # no plan: the safe choice
+    off = load_config("laptop", None, ["train.gradient_checkpointing=false"], recipe="arithmetic")
+    assert decide(off, smollm2, {}) is off
+    # a 24 GB card: a 1.5B LoRA at 4 rows has room without it (vLLM's budget is the peak), a 7B one does not
+    gpu = load_config("4090x1", None, ["train.gradient_checkpointing=auto", "rollout.quantization=none",
+                                       "train.micro_batch_size=4"])  # fmt: skip
+    monkeypatch.setattr(plan_mod, "host_total_gib", lambda: 64.0)
+    assert decide(gpu, QWEN_1_5B, {}).train.gradient_checkpointing is False
+    assert decide(gpu, QWEN_7B, {}).train.gradient_checkpointing is True
+
+
+def test_auto_checkpointing_is_a_valid_value_and_a_wrong_one_names_the_choices():
+    assert load_config("laptop", None, ["train.gradient_checkpointing=auto"]).train.gradient_checkpointing == "auto"
+    assert load_config("laptop", None, ["train.gradient_checkpointing=true"]).train.gradient_checkpointing is True
+    with pytest.raises(ConfigError, match="train.gradient_checkpointing must be a bool or 'auto', got 'maybe'"):
+        load_config("laptop", None, ["train.gradient_checkpointing=maybe"])

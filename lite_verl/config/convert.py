@@ -114,6 +114,10 @@ def _type_name(tp: Any) -> str:
     origin = typing.get_origin(tp)
     if _optional(tp) is not None:
         return f"{_type_name(_optional(tp))} or null"
+    if origin in (typing.Union, types.UnionType):
+        return " or ".join(_type_name(a) for a in typing.get_args(tp))
+    if origin is Literal:
+        return " or ".join(repr(a) for a in typing.get_args(tp))
     if origin is tuple:
         return f"list of {_type_name(typing.get_args(tp)[0])}"
     if origin is dict:
@@ -149,6 +153,13 @@ def _coerce(key: str, value: Any, tp: Any) -> Any:
     origin = typing.get_origin(tp)
     if _optional(tp) is not None:
         return None if value is None else _coerce(key, value, _optional(tp))
+    if origin in (typing.Union, types.UnionType):  # e.g. bool | Literal["auto"]: the first member that takes it
+        for member in typing.get_args(tp):
+            try:
+                return _coerce(key, value, member)
+            except ConfigError:
+                continue
+        raise bad
     if origin is Literal:
         return _coerce_choice(key, value, typing.get_args(tp))
     if origin is tuple:

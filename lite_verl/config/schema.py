@@ -36,6 +36,7 @@ OnError = Literal["raise", "default"]
 # where each step's metrics go (run/trackers.py); wandb, mlflow and trackio need their extra installed
 Logger = Literal["console", "jsonl", "tensorboard", "wandb", "mlflow", "trackio"]
 SyncMode = Literal["adapter", "merged"]
+Checkpointing = bool | Literal["auto"]  # train.gradient_checkpointing; auto: decided by the memory plan
 
 BACKENDS: tuple[Backend, ...] = get_args(Backend)
 # full fine-tuning (train/full.py): every weight trains; TrainConfig.full_finetune says whether a config does
@@ -210,7 +211,12 @@ class TrainConfig:
         ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"),
         "names of the linear layers LoRA adapts (in every decoder layer)",
     )
-    gradient_checkpointing: bool = key(False, "trade compute for activation memory", where=True)
+    gradient_checkpointing: Checkpointing = key(
+        False,
+        "trade compute for activation memory (one more forward per micro-batch); auto: off where the memory "
+        "plan fits without it at train.micro_batch_size, on otherwise (decided before loading, written to the run's config)",
+        where=True,
+    )
     offload_params: bool = key(
         False,
         "fsdp/deepspeed: weights (and the reference policy) in host memory; fsdp moves gradients and AdamW state with them",
@@ -236,6 +242,12 @@ class TrainConfig:
     def full_finetune(self) -> bool:
         """Every weight trains (fsdp, deepspeed: train/full.py), rather than an adapter (lora, qlora)."""
         return self.backend in FULL_BACKENDS
+
+    @property
+    def checkpointing(self) -> bool:
+        """gradient_checkpointing as the trainer applies it: auto that the plan has not decided (the cli decides
+        it before loading; a Config built in code may not) means on, the memory-safe choice."""
+        return self.gradient_checkpointing is not False
 
 
 @dataclass(frozen=True)

@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from lite_verl.config import Config
@@ -180,7 +180,7 @@ def train_parts(cfg: Config, shape: Shape) -> dict[str, float]:
     if not t.gpus:  # torch's CPU attention with a padding mask is the math kernel: it keeps the scores
         elements += 3 * shape.heads * cfg.full_length  # per token: a row of scores, probabilities, grad
     per_layer_full = tokens * elements * act16  # act16: bytes per element
-    if t.gradient_checkpointing:
+    if t.checkpointing:
         activations = shape.layers * 2 * tokens * shape.hidden * act16 / 2 + per_layer_full
     else:
         activations = shape.layers * per_layer_full
@@ -324,7 +324,7 @@ def knob(cfg: Config, p: GpuPlan) -> str:
     biggest = max(p.parts, key=lambda k: p.parts[k])
     if p.train_cap_gib and p.train_alloc_gib > USABLE * p.train_cap_gib and biggest.startswith("vLLM"):
         biggest = max((k for k in p.parts if not k.startswith("vLLM")), key=lambda k: p.parts[k])
-    if biggest == "activations" and not cfg.train.gradient_checkpointing:
+    if biggest == "activations" and not cfg.train.checkpointing:
         return "set train.gradient_checkpointing=true"
     if biggest in DYNAMIC and cfg.train.micro_batch_size > 1:
         return f"lower train.micro_batch_size (now {cfg.train.micro_batch_size}); the maths stays the same"
@@ -359,7 +359,7 @@ def _offload_knob(cfg: Config, biggest: str) -> str:
 def host_knob(cfg: Config, parts: Mapping[str, float]) -> str:
     t = cfg.train
     biggest = max((k for k in parts if k != LOAD), key=lambda k: parts[k], default="")
-    if biggest.startswith("activations") and not t.gradient_checkpointing:
+    if biggest.startswith("activations") and not t.checkpointing:
         return "set train.gradient_checkpointing=true (the trainer's activations are the biggest part)"
     if biggest.startswith(DYNAMIC) and t.micro_batch_size > 1:
         return f"lower train.micro_batch_size (now {t.micro_batch_size}); the maths stays the same"
@@ -376,6 +376,28 @@ def host_knob(cfg: Config, parts: Mapping[str, float]) -> str:
 
 def shape_of(model_dir: Path) -> Shape:
     return Shape.from_config(json.loads((Path(model_dir) / "config.json").read_text()))
+
+
+def decide_checkpointing(cfg: Config, shape: Shape | None, cards: Mapping[str, float] | None = None) -> Config:
+    """train.gradient_checkpointing=auto made concrete: off where every card of the plan and the host's RAM
+    fit without it at train.micro_batch_size (the recompute is one more forward per micro-batch, ~25% of
+    the update), on otherwise, and on without a plan (trainer.plan_check=false). Where and how only: the
+    maths is the same either way. `shape` None: no plan to decide with."""
+    if cfg.train.gradient_checkpointing != "auto":
+        return cfg
+    on = replace(cfg, train=replace(cfg.train, gradient_checkpointing=True))
+    if shape is None or not cfg.trainer.plan_check:
+        return on
+    off = replace(cfg, train=replace(cfg.train, gradient_checkpointing=False))
+    have = host_total_gib()
+    host_ok = not have or host_gib(off, shape) <= AUTO_MARGIN * HOST_USABLE * have
+    cards_ok = all(p.fits and p.peak_gib <= AUTO_MARGIN * USABLE * p.card_gib for p in plan(off, shape, cards))
+    return off if host_ok and cards_ok else on
+
+
+# auto turns checkpointing off only with this much of the usable memory to spare: the no-checkpointing
+# peaks are the plan's least measured, and a laptop's RAM is shared with whatever else it runs
+AUTO_MARGIN = 0.75
 
 
 def check_plan(cfg: Config, model_dir: Path, cards: Mapping[str, float] | None = None) -> None:
@@ -405,6 +427,8 @@ def format_plan(cfg: Config, plans: list[GpuPlan], shape: Shape | None = None) -
             f"host: ~{host_gib(cfg, shape):.1f} GiB of {have:.0f} GiB RAM (the larger of the load and what stays)"
         )
         lines += [f"    {k:<52} {v:6.2f} GiB" for k, v in host.items()]
+    t = cfg.train
+    lines.append(f"train: micro_batch_size {t.micro_batch_size}, gradient checkpointing {'on' if t.checkpointing else 'off'}")
     for p in plans:
         verdict = "fits" if p.fits else f"DOES NOT FIT: {knob(cfg, p)}"
         lines.append(f"GPU {p.gpu} ({p.model}, {p.card_gib:.0f} GiB, {USABLE:.0%} usable): predicted peak "

@@ -238,7 +238,7 @@ def _actor(cfg: Config, inp: Inputs, layout: Layout) -> list[Item]:
     items: list[Item] = [
         Override(MODEL + "path", inp.model),
         Override(MODEL + "trust_remote_code", cfg.model.trust_remote_code),
-        Override(MODEL + "enable_gradient_checkpointing", t.gradient_checkpointing),
+        Override(MODEL + "enable_gradient_checkpointing", t.checkpointing),
         Override(ACTOR + "strategy", "fsdp2"),
         *_optimizer(ACTOR + "optim.", t.lr, t.weight_decay, t.grad_clip),
         Override(ACTOR + "ppo_mini_batch_size", a.ppo_mini_batch_size or cfg.trainer.batch_size),
@@ -407,7 +407,7 @@ def _critic(cfg: Config, inp: Inputs, layout: Layout) -> list[Item]:
         *packed,
         Override("critic.model.path", inp.model),
         Override("critic.model.trust_remote_code", cfg.model.trust_remote_code),
-        Override("critic.model.enable_gradient_checkpointing", t.gradient_checkpointing),
+        Override("critic.model.enable_gradient_checkpointing", t.checkpointing),
         *_backend(cfg, "critic.model.", ("critic.fsdp.",)),
         Override("trainer.critic_warmup", c.warmup_steps),
         Note(

@@ -397,4 +397,4 @@ def load_full_model(cfg: Config, model_dir: Path, dtype: str) -> torch.nn.Module
 
     model = load_model(model_dir, replace(cfg.model, dtype=dtype), torch.device("cpu"))
     fp32_head = cfg.model.fp32_lm_head and cfg.model.dtype != "float32"
-    return prepare_model(model, fp32_head, cfg.train.gradient_checkpointing)
+    return prepare_model(model, fp32_head, cfg.train.checkpointing)

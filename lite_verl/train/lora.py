@@ -96,7 +96,7 @@ class LoraBackend:
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(seed)  # LoRA A init
             self.model = get_peft_model(base, self.lora_config)
-        if cfg.gradient_checkpointing:
+        if cfg.checkpointing:
             self.model.gradient_checkpointing_enable()
             self.model.enable_input_require_grads()
         self.params = [p for p in self.model.parameters() if p.requires_grad]
