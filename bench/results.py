@@ -277,7 +277,9 @@ NOTES = {  # what a reader must know about a table that its rows do not say
     " generate (46 tokens/s at 32 rows), and the update (~62 s) is compute-bound on both sides: 82% matmuls"
     " at this CPU's fp32 peak (profile_update, SmolLM2 rows). Both trainers run the same FLOPs through the"
     " same torch kernels on 2 cores, so a 10x gap cannot come from the engine; it would need less work per"
-    " token (no recompute: -19% of the update, which auto checkpointing now takes where RAM allows).",
+    " token (no recompute: -19% of the update, which auto checkpointing now takes where RAM allows)."
+    " Same settings with lite-verl's laptop default engine (HF generate, `--engine hf`, 99a55bc): 1.17x steady"
+    " tokens/s (33.2 vs 28.3; steps 102 vs 123 s), 1.07x over all 4 steps; still far from 10x.",
 }
 FIELDS = ("bench", "date", "commit", "hardware", "model", "settings", "metric", "value", "unit", "command")
 
