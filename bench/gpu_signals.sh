@@ -4,7 +4,7 @@
 # 1. `timeout -s TERM` on the command (systemd, Slurm, docker stop, Kubernetes): SIGTERM to the controller only.
 # 2. Ctrl-C in a terminal: SIGINT to the whole process group (controller + vLLM worker).
 # Each must exit 128+signum with "a checkpoint was written", leave no process of the run alive, and
-# `--resume` must finish the run. Prints one CHECK line per fact; exits 1 if any fails.
+# `--resume` must finish the run. 4. Ctrl-C during the final validation ends it at once (exit 130). Prints one CHECK line per fact; exits 1 if any fails.
 set -uo pipefail
 MODEL=$1; W=/tmp/sig; rm -rf $W; mkdir -p $W
 export PYTHONPATH=${PYTHONPATH:-} VLLM_USE_FLASHINFER_SAMPLER=0 PYTHONUNBUFFERED=1
@@ -52,4 +52,18 @@ import json, sys
 rows = [json.loads(l) for l in open(sys.argv[1]) if '"rollout/logprob_gap_mean"' in l]
 print("CHECK info logprob_gap_mean per step:", [(r["step"], round(r["rollout/logprob_gap_mean"], 5)) for r in rows])
 PY
+
+# 4. Ctrl-C during the final validation (2000 greedy prompts): cut short at once, the run is complete
+VAL=(--set trainer.total_steps=1 --set data.val_size=2000 --set trainer.val_before_train=false)
+setsid bash -c "python3 -m lite_verl train ${SETS[*]} ${VAL[*]} --run-dir $W/val > $W/val.log 2>&1; echo \$? > $W/val.rc" &
+for i in $(seq 240); do [ -f $W/val/checkpoints/step_00000001/state.json ] && break; sleep 1; done
+sleep 2
+TOP=$(pgrep -f "^python3 -m lite_verl train.*run-dir $W/val"); PIDS="$TOP $(tree $TOP)"; echo "run tree: $PIDS"
+PGID=$(ps -o pgid= -p $TOP | tr -d ' ')
+kill -INT -- -$PGID; for i in $(seq 60); do [ -f $W/val.rc ] && break; sleep 1; done
+sleep 3
+check "final validation SIGINT: exit 130 within 60 s (was $(cat $W/val.rc 2>/dev/null))" '[ "$(cat $W/val.rc 2>/dev/null)" = 130 ]'
+check "final validation SIGINT: says every step was trained" 'grep -q "all 1 steps were trained" $W/val.log'
+check "final validation SIGINT: no process of the run alive" '! alive "$PIDS"'
+tail -3 $W/val.log
 exit $bad
