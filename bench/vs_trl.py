@@ -339,7 +339,9 @@ def main() -> None:
         pairs = [a["tokens_per_s"] / b["tokens_per_s"] for a, b in zip(runs["lite_verl"], runs["trl"])]
         append("vs_trl", label, settings, "pair_ratio_min", min(pairs), "ratio", cmd)
         append("vs_trl", label, settings, "pair_ratio_max", max(pairs), "ratio", cmd)
-    model_tag = "tiny" if args.model.startswith("tiny:") else Path(args.model).name  # one curve file per model
+    model_tag = (
+        "tiny" if args.model.startswith("tiny:") else Path(args.model).name
+    )  # one curve file per model
     tag = f"gpu_{args.size}_{args.sync}" if args.gpu else f"cpu_{model_tag}_{args.engine}".replace("_hf", "")
     about = f"{label}, echo task, reward per step, mean of {args.repeats} seed(s) (`{cmd}`)"
     write_curve("vs_trl", tag, about, {who: mean_curve(c) for who, c in CURVES.items()})

@@ -355,7 +355,7 @@ def run_training(session: Session, run: RunDir, resume: bool = False) -> dict[st
         summary = _finish(session, run, ledger)
     finally:
         log.close(summary)
-    if stop.signum is not None:  # it came during the final validation: every step is trained and saved
+    if stop.signum is not None:  # it came in the last step or the final validation: all is trained and saved
         raise TrainedThenInterrupted(stop.signum, tr.total_steps, tr.keep_checkpoints > 0, str(run.path))
     return summary
 

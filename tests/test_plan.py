@@ -255,7 +255,9 @@ def test_trainer_memory_cap():
         load_config("laptop", None, ["train.max_memory_gib=4"])
 
 
-def test_auto_checkpointing_is_off_only_where_the_plan_fits_without_it_with_room_to_spare(tmp_path, monkeypatch):
+def test_auto_checkpointing_is_off_only_where_the_plan_fits_without_it_with_room_to_spare(
+    tmp_path, monkeypatch
+):
     """train.gradient_checkpointing=auto (the laptop preset's): decided before loading from the plan, so the
     tiny default skips the recompute and a real model's arithmetic run keeps it; explicit values stay."""
     from lite_verl.tools import plan as plan_mod
@@ -287,7 +289,15 @@ def test_auto_checkpointing_is_off_only_where_the_plan_fits_without_it_with_room
 
 
 def test_auto_checkpointing_is_a_valid_value_and_a_wrong_one_names_the_choices():
-    assert load_config("laptop", None, ["train.gradient_checkpointing=auto"]).train.gradient_checkpointing == "auto"
-    assert load_config("laptop", None, ["train.gradient_checkpointing=true"]).train.gradient_checkpointing is True
-    with pytest.raises(ConfigError, match="train.gradient_checkpointing must be a bool or 'auto', got 'maybe'"):
+    assert (
+        load_config("laptop", None, ["train.gradient_checkpointing=auto"]).train.gradient_checkpointing
+        == "auto"
+    )
+    assert (
+        load_config("laptop", None, ["train.gradient_checkpointing=true"]).train.gradient_checkpointing
+        is True
+    )
+    with pytest.raises(
+        ConfigError, match="train.gradient_checkpointing must be a bool or 'auto', got 'maybe'"
+    ):
         load_config("laptop", None, ["train.gradient_checkpointing=maybe"])

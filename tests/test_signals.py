@@ -188,7 +188,9 @@ LONG_FINAL_VALIDATION = ["trainer.total_steps=1", "trainer.val_before_train=fals
 
 @pytest.mark.slow
 @pytest.mark.parametrize("variant", ["hf", "vllm_cpu"])
-def test_a_signal_during_the_final_validation_stops_it_at_once_and_says_the_run_is_complete(tmp_path, variant):
+def test_a_signal_during_the_final_validation_stops_it_at_once_and_says_the_run_is_complete(
+    tmp_path, variant
+):
     """The last step is trained and saved; a long final validation (minutes on a CPU) is not waited for,
     and nothing tells the user to resume a finished run."""
     if variant == "vllm_cpu" and importlib.util.find_spec("vllm") is None:

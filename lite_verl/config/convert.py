@@ -153,7 +153,8 @@ def _coerce(key: str, value: Any, tp: Any) -> Any:
     origin = typing.get_origin(tp)
     if _optional(tp) is not None:
         return None if value is None else _coerce(key, value, _optional(tp))
-    if origin in (typing.Union, types.UnionType):  # e.g. bool | Literal["auto"]: the first member that takes it
+    # a union such as bool | Literal["auto"]: the first member that takes the value
+    if origin in (typing.Union, types.UnionType):
         for member in typing.get_args(tp):
             try:
                 return _coerce(key, value, member)

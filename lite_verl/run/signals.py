@@ -81,7 +81,8 @@ class StopRequest:
         self.signum: int | None = None
         self._old: dict[int, Any] = {}
         # what the first signal starts, as its message says it (never a checkpoint that will not be written)
-        self._then = "finishing this step, then " + ("writing a checkpoint" if saves else "stopping (trainer.keep_checkpoints=0: no checkpoint)")
+        after = "writing a checkpoint" if saves else "stopping (trainer.keep_checkpoints=0: no checkpoint)"
+        self._then = f"finishing this step, then {after}"
         self._abandon: str | None = None
 
     @contextmanager

@@ -378,7 +378,9 @@ def shape_of(model_dir: Path) -> Shape:
     return Shape.from_config(json.loads((Path(model_dir) / "config.json").read_text()))
 
 
-def decide_checkpointing(cfg: Config, shape: Shape | None, cards: Mapping[str, float] | None = None) -> Config:
+def decide_checkpointing(
+    cfg: Config, shape: Shape | None, cards: Mapping[str, float] | None = None
+) -> Config:
     """train.gradient_checkpointing=auto made concrete: off where every card of the plan and the host's RAM
     fit without it at train.micro_batch_size (the recompute is one more forward per micro-batch, ~25% of
     the update), on otherwise, and on without a plan (trainer.plan_check=false). Where and how only: the
@@ -391,7 +393,9 @@ def decide_checkpointing(cfg: Config, shape: Shape | None, cards: Mapping[str, f
     off = replace(cfg, train=replace(cfg.train, gradient_checkpointing=False))
     have = host_total_gib()
     host_ok = not have or host_gib(off, shape) <= AUTO_MARGIN * HOST_USABLE * have
-    cards_ok = all(p.fits and p.peak_gib <= AUTO_MARGIN * USABLE * p.card_gib for p in plan(off, shape, cards))
+    cards_ok = all(
+        p.fits and p.peak_gib <= AUTO_MARGIN * USABLE * p.card_gib for p in plan(off, shape, cards)
+    )
     return off if host_ok and cards_ok else on
 
 
@@ -428,7 +432,9 @@ def format_plan(cfg: Config, plans: list[GpuPlan], shape: Shape | None = None) -
         )
         lines += [f"    {k:<52} {v:6.2f} GiB" for k, v in host.items()]
     t = cfg.train
-    lines.append(f"train: micro_batch_size {t.micro_batch_size}, gradient checkpointing {'on' if t.checkpointing else 'off'}")
+    lines.append(
+        f"train: micro_batch_size {t.micro_batch_size}, gradient checkpointing {'on' if t.checkpointing else 'off'}"
+    )
     for p in plans:
         verdict = "fits" if p.fits else f"DOES NOT FIT: {knob(cfg, p)}"
         lines.append(f"GPU {p.gpu} ({p.model}, {p.card_gib:.0f} GiB, {USABLE:.0%} usable): predicted peak "
