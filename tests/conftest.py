@@ -16,6 +16,9 @@ SMALL = [
     "trainer.progress=false",
 ]
 
+# before any test module is collected: huggingface_hub and datasets read it once, when first imported
+os.environ["HF_HUB_OFFLINE"] = "1"
+
 REPO = Path(__file__).resolve().parent.parent
 SHARED_GSM8K = REPO.parent / "shared" / "data" / "gsm8k"
 

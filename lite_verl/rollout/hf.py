@@ -14,7 +14,6 @@ from contextlib import AbstractContextManager, contextmanager, nullcontext
 from typing import Any
 
 import torch
-from transformers import StoppingCriteria, StoppingCriteriaList
 
 from lite_verl.algos import log_probs_from_logits
 from lite_verl.batch import RolloutBatch
@@ -106,6 +105,8 @@ class HFRolloutEngine:
         return RolloutBatch(prompt_ids, prompt_mask, response_ids, mask, log_probs * mask)
 
     def _sample(self, prompt_ids, prompt_mask, sampling: SamplingSettings, greedy: bool, scorer) -> Any:
+        from transformers import StoppingCriteriaList
+
         return self.model.generate(
             input_ids=prompt_ids.to(self.device),
             attention_mask=prompt_mask.to(self.device),
@@ -155,11 +156,12 @@ def _causal_lm(model: Any) -> torch.nn.Module:
     return model.get_base_model() if hasattr(model, "get_base_model") else model
 
 
-class _StepLogProbs(StoppingCriteria):
+class _StepLogProbs:
     """Log-probs of the sampled tokens under logits / temperature, as generate goes: a forward hook keeps
     the model's last-position logits of the step (the raw logits, before any logits processor, as
     output_logits gives them), and this criterion, called once the step's token is appended, turns them
-    into that token's log-prob. It never stops generation."""
+    into that token's log-prob. It never stops generation. (A plain callable, as StoppingCriteriaList
+    calls its items: subclassing transformers' StoppingCriteria would import transformers with this module.)"""
 
     def __init__(self, temperature: float) -> None:
         self.temperature = temperature
