@@ -339,10 +339,10 @@ def main() -> None:
         pairs = [a["tokens_per_s"] / b["tokens_per_s"] for a, b in zip(runs["lite_verl"], runs["trl"])]
         append("vs_trl", label, settings, "pair_ratio_min", min(pairs), "ratio", cmd)
         append("vs_trl", label, settings, "pair_ratio_max", max(pairs), "ratio", cmd)
-    model_tag = (
-        "tiny" if args.model.startswith("tiny:") else Path(args.model).name
-    )  # one curve file per model
-    tag = f"gpu_{args.size}_{args.sync}" if args.gpu else f"cpu_{model_tag}_{args.engine}".replace("_hf", "")
+    # one curve file per model and CPU engine (HF, the default, unsuffixed: the tiny model's file keeps its name)
+    model_tag = "tiny" if args.model.startswith("tiny:") else Path(args.model).name
+    engine_tag = "" if args.engine == "hf" else f"_{args.engine}"
+    tag = f"gpu_{args.size}_{args.sync}" if args.gpu else f"cpu_{model_tag}{engine_tag}"
     about = f"{label}, echo task, reward per step, mean of {args.repeats} seed(s) (`{cmd}`)"
     write_curve("vs_trl", tag, about, {who: mean_curve(c) for who, c in CURVES.items()})
     print(f"ratio {ratio:.2f}", flush=True)

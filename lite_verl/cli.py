@@ -414,9 +414,10 @@ def _check_plan(cfg: Config, gpus: list[Gpu] | None = None) -> Config:
     model_dir = resolve_model_path(cfg.model)
     cpu = not (cfg.rollout.gpus or cfg.train.gpus)  # a CPU run: the host's RAM only
     gpus = [] if cpu else detect() if gpus is None else gpus
-    auto = cfg.train.gradient_checkpointing == "auto" and cfg.trainer.plan_check
-    cfg = decide_checkpointing(cfg, shape_of(model_dir) if auto else None, card_sizes(gpus))
-    check_plan(cfg, model_dir, card_sizes(gpus))
+    cards = card_sizes(gpus)
+    auto = cfg.train.gradient_checkpointing == "auto"  # the model's shape is read only when it decides
+    cfg = decide_checkpointing(cfg, shape_of(model_dir) if auto else None, cards)
+    check_plan(cfg, model_dir, cards)
     if not cpu:
         check_topology(cfg, shape_of(model_dir), gpus)
     return cfg

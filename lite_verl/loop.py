@@ -341,7 +341,7 @@ def run_training(session: Session, run: RunDir, resume: bool = False) -> dict[st
         with stop:
             _steps(session, run, sampler, ledger, (log, samples), progress, start, stop)
             if cfg.data.val_size:  # the last checkpoint is written: a signal here only skips the validation
-                final = _validate_or_skip(session, tr.total_steps, stop, "stopping")
+                final = _validate_or_skip(session, tr.total_steps, stop, last=True)
                 if final:
                     log.log(tr.total_steps, final)
     except BaseException:
@@ -360,11 +360,11 @@ def run_training(session: Session, run: RunDir, resume: bool = False) -> dict[st
     return summary
 
 
-def _validate_or_skip(session: Session, step: int, stop: StopRequest, then: str) -> dict[str, float]:
+def _validate_or_skip(session: Session, step: int, stop: StopRequest, last: bool = False) -> dict[str, float]:
     """validate(), cut short at once by a stop signal (it saves nothing, and on a CPU it can take minutes);
     the signal stays in stop.signum for the loop to act on."""
     try:
-        with stop.abandoning(then):
+        with stop.abandoning(last):
             return validate(session, step)
     except Abandoned:
         print(f"lite-verl: the validation at step {step} was skipped", file=sys.stderr, flush=True)
@@ -396,8 +396,7 @@ def _steps(
                 f"{skipped} steps in a row had a non-finite loss; lower train.lr or check the reward scale"
             )
         if tr.val_every and step % tr.val_every == 0 and step != tr.total_steps:
-            then = "writing a checkpoint" if tr.keep_checkpoints > 0 else "stopping"
-            metrics.update(_validate_or_skip(session, step, stop, then))
+            metrics.update(_validate_or_skip(session, step, stop))
         log.log(step, metrics)
         progress.update(step, metrics)
         last = step == tr.total_steps

@@ -171,11 +171,11 @@ def test_a_signal_inside_abandoning_ends_the_block_at_once_and_is_kept():
     from lite_verl.run.signals import Abandoned, StopRequest
 
     with StopRequest() as stop:
-        with pytest.raises(Abandoned), stop.abandoning("stopping"):
+        with pytest.raises(Abandoned), stop.abandoning():
             os.kill(os.getpid(), signal.SIGINT)
             time.sleep(5)  # the handler raises before this ends
         assert stop.signum == signal.SIGINT
-        with pytest.raises(Abandoned), stop.abandoning("stopping"):  # already asked: skipped at once
+        with pytest.raises(Abandoned), stop.abandoning():  # already asked: skipped at once
             raise AssertionError("the block must not run")
         with pytest.raises(KeyboardInterrupt):  # the second signal still stops at once
             os.kill(os.getpid(), signal.SIGINT)

@@ -97,9 +97,7 @@ class HFRolloutEngine:
         with scorer.watching(_causal_lm(self.model)):
             out = self._sample(prompt_ids, prompt_mask, sampling, greedy, scorer)
         response_ids = out.sequences[:, prompt_ids.shape[1] :].cpu()
-        log_probs = (
-            torch.stack(scorer.log_probs, dim=1) if scorer.log_probs else torch.zeros(response_ids.shape)
-        )
+        log_probs = torch.stack(scorer.log_probs, dim=1)  # [B, R]: one per generated token
         mask = response_mask_after_eos(response_ids, self.eos_ids)
         response_ids = torch.where(mask.bool(), response_ids, torch.full_like(response_ids, self.pad_id))
         return RolloutBatch(prompt_ids, prompt_mask, response_ids, mask, log_probs * mask)

@@ -81,17 +81,18 @@ class StopRequest:
         self.signum: int | None = None
         self._old: dict[int, Any] = {}
         # what the first signal starts, as its message says it (never a checkpoint that will not be written)
-        after = "writing a checkpoint" if saves else "stopping (trainer.keep_checkpoints=0: no checkpoint)"
-        self._then = f"finishing this step, then {after}"
-        self._abandon: str | None = None
+        self._after = (
+            "writing a checkpoint" if saves else "stopping (trainer.keep_checkpoints=0: no checkpoint)"
+        )
+        self._abandon: str | None = None  # inside abandoning(): what follows the cut, as the message says it
 
     @contextmanager
-    def abandoning(self, then: str) -> Iterator[None]:
-        """Run work that saves nothing: a stop signal, now or already received, raises Abandoned at once;
-        `then` is what the message says happens next."""
+    def abandoning(self, last: bool = False) -> Iterator[None]:
+        """Run work that saves nothing: a stop signal, now or already received, raises Abandoned at once.
+        `last`: after the last step, whose checkpoint is already written (the run then just stops)."""
         if self.signum is not None:
             raise Abandoned
-        self._abandon = then
+        self._abandon = "stopping" if last else self._after
         try:
             yield
         finally:
@@ -109,7 +110,11 @@ class StopRequest:
         if self.signum is not None:
             raise KeyboardInterrupt
         self.signum = signum
-        doing = f"cutting the validation short, then {self._abandon}" if self._abandon else self._then
+        doing = (
+            f"cutting the validation short, then {self._abandon}"
+            if self._abandon
+            else f"finishing this step, then {self._after}"
+        )
         print(
             f"\nlite-verl: {signal.Signals(signum).name}: {doing} (send it again to stop at once)",
             file=sys.stderr,
