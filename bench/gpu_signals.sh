@@ -4,7 +4,8 @@
 # 1. `timeout -s TERM` on the command (systemd, Slurm, docker stop, Kubernetes): SIGTERM to the controller only.
 # 2. Ctrl-C in a terminal: SIGINT to the whole process group (controller + vLLM worker).
 # Each must exit 128+signum with "a checkpoint was written", leave no process of the run alive, and
-# `--resume` must finish the run. 4. Ctrl-C during the final validation ends it at once (exit 130). Prints one CHECK line per fact; exits 1 if any fails.
+# `--resume` must finish the run. 4. Ctrl-C during the final validation ends it at once (exit 130).
+# Prints one CHECK line per fact; exits 1 if any fails.
 set -uo pipefail
 MODEL=$1; W=/tmp/sig; rm -rf $W; mkdir -p $W
 export PYTHONPATH=${PYTHONPATH:-} VLLM_USE_FLASHINFER_SAMPLER=0 PYTHONUNBUFFERED=1
@@ -23,20 +24,28 @@ alive() { local p; for p in $1; do kill -0 $p 2>/dev/null && return 0; done; ret
 ( timeout -s TERM 600 python3 -m lite_verl train "${SETS[@]}" --run-dir $W/term > $W/term.log 2>&1; echo $? > $W/term.rc ) &
 for i in $(seq 240); do started $W/term && break; sleep 1; done
 TOP=$(pgrep -f "timeout -s TERM 600 python3 -m lite_verl train"); PIDS="$TOP $(tree $TOP)"; echo "run tree: $PIDS"
-kill -TERM $TOP; for i in $(seq 120); do [ -f $W/term.rc ] && break; sleep 1; done
+kill -TERM $TOP; for i in $(seq 300); do [ -f $W/term.rc ] && break; sleep 1; done
 sleep 3
 check "SIGTERM: exit 143 (was $(cat $W/term.rc))" '[ "$(cat $W/term.rc)" = 143 ]'
 check "SIGTERM: says a checkpoint was written" 'grep -q "a checkpoint was written" $W/term.log'
 check "SIGTERM: no process of the run alive" '! alive "$PIDS"'
 tail -3 $W/term.log
 
+# Ctrl-C as a terminal sends it: run NAME (extra train args after READY) in its own process group, wait until
+# the shell test READY passes, SIGINT the whole group, wait for the exit code; sets PIDS (the run's tree)
+ctrl_c() {
+  local name=$1 ready=$2; shift 2
+  setsid bash -c "python3 -m lite_verl train ${SETS[*]} $* --run-dir $W/$name > $W/$name.log 2>&1; echo \$? > $W/$name.rc" &
+  for i in $(seq 240); do eval "$ready" && break; sleep 1; done
+  sleep 2
+  local top; top=$(pgrep -f "^python3 -m lite_verl train.*run-dir $W/$name"); PIDS="$top $(tree $top)"; echo "run tree: $PIDS"
+  local t0=$SECONDS; kill -INT -- -$(ps -o pgid= -p $top | tr -d ' ')
+  for i in $(seq 300); do [ -f $W/$name.rc ] && break; sleep 1; done
+  STOP_S=$((SECONDS - t0)); sleep 3   # STOP_S: seconds from the signal to the exit
+}
+
 # 2. SIGINT to the process group, as Ctrl-C does
-setsid bash -c "python3 -m lite_verl train ${SETS[*]} --run-dir $W/int > $W/int.log 2>&1; echo \$? > $W/int.rc" &
-for i in $(seq 240); do started $W/int && break; sleep 1; done
-TOP=$(pgrep -f "^python3 -m lite_verl train.*run-dir $W/int"); PIDS="$TOP $(tree $TOP)"; echo "run tree: $PIDS"
-PGID=$(ps -o pgid= -p $TOP | tr -d ' ')
-kill -INT -- -$PGID; for i in $(seq 120); do [ -f $W/int.rc ] && break; sleep 1; done
-sleep 3
+ctrl_c int "started $W/int"
 check "group SIGINT: exit 130 (was $(cat $W/int.rc))" '[ "$(cat $W/int.rc)" = 130 ]'
 check "group SIGINT: says a checkpoint was written" 'grep -q "a checkpoint was written" $W/int.log'
 check "group SIGINT: no process of the run alive" '! alive "$PIDS"'
@@ -54,15 +63,10 @@ print("CHECK info logprob_gap_mean per step:", [(r["step"], round(r["rollout/log
 PY
 
 # 4. Ctrl-C during the final validation (2000 greedy prompts): cut short at once, the run is complete
-VAL=(--set trainer.total_steps=1 --set data.val_size=2000 --set trainer.val_before_train=false)
-setsid bash -c "python3 -m lite_verl train ${SETS[*]} ${VAL[*]} --run-dir $W/val > $W/val.log 2>&1; echo \$? > $W/val.rc" &
-for i in $(seq 240); do [ -f $W/val/checkpoints/step_00000001/state.json ] && break; sleep 1; done
-sleep 2
-TOP=$(pgrep -f "^python3 -m lite_verl train.*run-dir $W/val"); PIDS="$TOP $(tree $TOP)"; echo "run tree: $PIDS"
-PGID=$(ps -o pgid= -p $TOP | tr -d ' ')
-kill -INT -- -$PGID; for i in $(seq 60); do [ -f $W/val.rc ] && break; sleep 1; done
-sleep 3
-check "final validation SIGINT: exit 130 within 60 s (was $(cat $W/val.rc 2>/dev/null))" '[ "$(cat $W/val.rc 2>/dev/null)" = 130 ]'
+ctrl_c val "[ -f $W/val/checkpoints/step_00000001/state.json ]" \
+  --set trainer.total_steps=1 --set data.val_size=2000 --set trainer.val_before_train=false
+check "final validation SIGINT: exit 130 (was $(cat $W/val.rc 2>/dev/null))" '[ "$(cat $W/val.rc 2>/dev/null)" = 130 ]'
+check "final validation SIGINT: ended within 60 s (took $STOP_S s)" '[ $STOP_S -lt 60 ]'
 check "final validation SIGINT: says every step was trained" 'grep -q "all 1 steps were trained" $W/val.log'
 check "final validation SIGINT: no process of the run alive" '! alive "$PIDS"'
 tail -3 $W/val.log
