@@ -22,12 +22,14 @@ case "${1:-}" in
     cat $(ls /tmp/mparts/models.tar.part.* | sort) > /tmp/models.tar
     (cd /tmp && sha256sum -c /tmp/mparts/models.tar.sha256 >/dev/null) || { echo "model chunks: checksum mismatch" >&2; exit 1; }
     tar xf /tmp/models.tar -C /tmp/models && rm /tmp/models.tar && ls -la /tmp/models
+    [ -d /tmp/models/gsm8k ] && rm -rf /tmp/gsm8k && mv /tmp/models/gsm8k /tmp/gsm8k  # GSM8K may travel in the model tar
     rm -rf /tmp/lv && mkdir /tmp/lv && tar -C "$PWD" --exclude=./.stage -cf - . | tar -C /tmp/lv -xf - && cd /tmp/lv
     cp bench/results.jsonl /tmp/results.before
     echo "${LITE_VERL_COMMIT:-unknown}" > /tmp/lv.commit
     export LITE_VERL_COMMIT=$(cat /tmp/lv.commit)
     # SMOLLM2_JOBS / GEMMA_JOBS pick the jobs (empty: that chain is skipped), STEPS overrides the recipes' steps,
-    # PARALLEL the jobs of one chain at once (default 2)
+    # PARALLEL the jobs of one chain at once (default 2), JOB_SETS per-job settings 'JOB:KEY=VALUE;JOB:KEY=VALUE'
+    # (e.g. a base model's prompt template, one job's steps)
     (setsid nohup bash bench/gpu_recipes.sh chain smollm2 SmolLM2-135M-Instruct.Q4_1.gguf \
        "${SMOLLM2_JOBS-smollm2:arithmetic,smollm2:countdown,smollm2:gsm8k}" > /tmp/recipes_smollm2.log 2>&1; echo $? > /tmp/recipes_smollm2.rc) &
     if [ -n "${GEMMA_JOBS-}" ]; then
@@ -42,7 +44,8 @@ case "${1:-}" in
   wait) ;;
   chain)  # NAME GGUF JOBS: import the model, then its jobs (run by start, in the background)
     python3 -m lite_verl import-gguf "/tmp/models/$3" "/tmp/models/$2" || exit 1
-    exec python3 -m bench.recipes --model "$2=/tmp/models/$2" --jobs "$4" --gsm8k /tmp/gsm8k --steps "${STEPS:-0}" --parallel "${PARALLEL:-2}" \
+    JS=(); IFS=';' read -ra parts <<< "${JOB_SETS:-}"; for p in "${parts[@]}"; do [ -n "$p" ] && JS+=(--job-set "$p"); done
+    exec python3 -m bench.recipes "${JS[@]}" --model "$2=/tmp/models/$2" --jobs "$4" --gsm8k /tmp/gsm8k --steps "${STEPS:-0}" --parallel "${PARALLEL:-2}" \
       --set rollout.quantization=none --set rollout.enforce_eager=true --set rollout.gpu_memory_utilization=0.1 ;;
   *) sed -n '2,9p' "$0"; exit 2 ;;
 esac

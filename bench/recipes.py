@@ -63,7 +63,7 @@ def run_job(job: str, model: str, args: argparse.Namespace) -> dict:
     train = ["train", *flags, "--set", f"model.path={model}", "--set", "trainer.progress=false",
              "--run-dir", str(home / "run")]  # fmt: skip
     after = ["eval", str(home / "run"), "--out", str(home / "after.json")]
-    out: dict = {"job": job, "commands": [shlex.join(["lite-verl", *c]) for c in (before, train, after)]}
+    out: dict = {"job": job, "sets": sets, "commands": [shlex.join(["lite-verl", *c]) for c in (before, train, after)]}
     out["eval_before_s"] = lite_verl(before, log)
     out["train_s"] = lite_verl(train, log)
     out["eval_after_s"] = lite_verl(after, log)
@@ -81,7 +81,8 @@ def record(result: dict, args: argparse.Namespace) -> None:
     job = result["job"]
     name, recipe = job.split(":")
     steps = result["summary"]["steps"]
-    extra = f"; --set {' '.join(args.set)}" if args.set else ""
+    sets = [x for x in result["sets"] if not x.startswith(("data.train_files=", "data.val_files="))]
+    extra = f"; --set {' '.join(sets)}" if sets else ""
     settings = (f"recipe {recipe} as shipped, {steps} steps, preset {args.preset}{extra}; eval: greedy, mean@4 and "
                 f"pass@4 on {int(result['before']['prompts'])} held-out prompts; {len(args.jobs)} jobs at once on one GPU")  # fmt: skip
     command = " && ".join(result["commands"])

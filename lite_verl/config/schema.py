@@ -105,8 +105,8 @@ class DataConfig:
     system_prompt: str = key("", "a system message put before every prompt that has none")
     prompt_template: str = key(
         "",
-        "data files: wraps each prompt's (last user) text: {prompt} is replaced by it, e.g. '{prompt} Answer after ####.'; "
-        "empty = as it is",
+        "wraps each prompt's (last user) text, of data files and built-in tasks: {prompt} is replaced by it, e.g. "
+        "'{prompt} Answer after ####.' or, for a base model, 'Question: {prompt}\\nAnswer:'; empty = as it is",
     )
     apply_chat_template: bool = key(
         True,
@@ -120,7 +120,7 @@ class DataConfig:
         False, "skip rows with a missing or malformed prompt or answer (counted on stderr), not an error"
     )
     task: str = key(
-        "echo", "built-in task when train_files is empty: echo | arithmetic | countdown (data/tasks.py TASKS)"
+        "echo", "built-in task when train_files is empty: echo | arithmetic | countdown | sequence (data/tasks.py TASKS)"
     )
     task_size: int = key(4096, "number of built-in training prompts generated from trainer.seed")
     val_size: int = key(64, "number of prompts scored at each validation")

@@ -9,13 +9,14 @@ and counted with data.filter_overlong_prompts: never truncated.
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 from dataclasses import dataclass
 
 import torch
 
 from lite_verl.config import DataConfig
-from lite_verl.data.schema import ColumnKeys, PromptRow, load_rows, rows_from
+from lite_verl.data.schema import ColumnKeys, PromptRow, framed, load_rows, rows_from
 from lite_verl.data.sources import load_split
 from lite_verl.data.tasks import task_rows
 from lite_verl.errors import DataError
@@ -113,7 +114,7 @@ def prompt_rows(cfg: DataConfig, seed: int) -> tuple[list[PromptRow], list[Promp
             cfg.train_files, "data.train_files", keys, cfg.split, cfg.subset, cfg.skip_bad_rows
         )
     else:
-        train_rows = task_rows(cfg.task, cfg.task_size, seed, "train")
+        train_rows = _framed_task(cfg, task_rows(cfg.task, cfg.task_size, seed, "train"))
     if cfg.val_files:
         val_rows = load_rows(
             cfg.val_files,
@@ -127,8 +128,18 @@ def prompt_rows(cfg: DataConfig, seed: int) -> tuple[list[PromptRow], list[Promp
     elif cfg.train_files:
         val_rows = _held_out(cfg)
     else:
-        val_rows = task_rows(cfg.task, cfg.val_size, seed, "val")
+        val_rows = _framed_task(cfg, task_rows(cfg.task, cfg.val_size, seed, "val"))
     return train_rows, val_rows[: cfg.val_size]
+
+
+def _framed_task(cfg: DataConfig, rows: list[PromptRow]) -> list[PromptRow]:
+    """A built-in task's rows inside data.system_prompt / data.prompt_template, as data files' rows are
+    (e.g. a worked example before each prompt for a base model without a chat template)."""
+    if not cfg.system_prompt and not cfg.prompt_template:
+        return rows
+    return [
+        dataclasses.replace(r, messages=framed(r.messages, cfg.system_prompt, cfg.prompt_template)) for r in rows
+    ]
 
 
 def load_prompt_sets(cfg: DataConfig, tokenizer, seed: int) -> tuple[PromptSet, PromptSet]:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -94,6 +95,13 @@ def _messages(
         ):
             raise DataError(f"{where}: {key}[{i}] must be an object with string 'role' and 'content'")
         messages.append({"role": m["role"], "content": m["content"]})
+    return framed(messages, system, template)
+
+
+def framed(messages: Iterable[dict[str, str]], system: str, template: str) -> tuple[dict[str, str], ...]:
+    """data.prompt_template around the last user message ({prompt} = its text) and data.system_prompt
+    before a conversation that has none: the same for data files and built-in tasks."""
+    messages = [dict(m) for m in messages]
     if template:
         last = max(i for i, m in enumerate(messages) if m["role"] == "user") if any(
             m["role"] == "user" for m in messages) else len(messages) - 1  # fmt: skip

@@ -9,6 +9,8 @@
 * `countdown`: "Using the numbers [3, 7, 12], make 16" with +, -, * and each number exactly once, the
   equation given in <answer>...</answer> (TinyZero's task, made smaller: three numbers up to 20). Every
   target is reachable by construction; reward/rules.py's countdown_score checks the equation exactly.
+* `sequence`: "What is the next number in the sequence 5, 8, 11, 14?" (arithmetic progressions, rising
+  or falling), answered and checked like `arithmetic` (`#### n`).
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ ECHO_LEN = 8  # characters scored
 ECHO_SOURCE = "lite_verl/echo"
 ARITH_SOURCE = "lite_verl/arithmetic"
 COUNTDOWN_SOURCE = "lite_verl/countdown"
+SEQUENCE_SOURCE = "lite_verl/sequence"
 GSM8K_SUFFIX = 'Let\'s think step by step and output the final answer after "####".'
 
 
@@ -109,10 +112,29 @@ def countdown_rows(n: int, seed: int) -> list[PromptRow]:
     ]
 
 
+def _sequence_problem(rng: random.Random) -> tuple[list[int], int]:
+    """An arithmetic progression of 4 or 5 terms (step 2..9, rising or falling, kept positive), its next term."""
+    step, n = rng.randint(2, 9) * rng.choice([1, 1, -1]), rng.randint(4, 5)
+    first = rng.randint(1, 30) + (-step * n if step < 0 else 0)
+    return [first + step * i for i in range(n)], first + step * n
+
+
+def sequence_rows(n: int, seed: int) -> list[PromptRow]:
+    rng = random.Random(f"sequence-{seed}")
+    rows = []
+    for i in range(n):
+        terms, nxt = _sequence_problem(rng)
+        work = f"The step is {terms[1] - terms[0]}: {terms[-1]} + ({terms[1] - terms[0]}) = {nxt}.\n#### {nxt}"
+        q = f"What is the next number in the sequence {', '.join(map(str, terms))}?"
+        rows.append(_user_row(f"{q} {GSM8K_SUFFIX}", SEQUENCE_SOURCE, str(nxt), {"index": i, "answer": work}))
+    return rows
+
+
 TASKS: dict[str, Callable[[int, int], list[PromptRow]]] = {
     "echo": echo_rows,
     "arithmetic": arithmetic_rows,
     "countdown": countdown_rows,
+    "sequence": sequence_rows,
 }
 
 
