@@ -69,6 +69,15 @@ def test_tasks_are_deterministic_and_val_is_held_out():
     assert {r.messages[0]["content"] for r in train} != {r.messages[0]["content"] for r in val}
     for row in train[:50]:  # each built-in solution earns the full GSM8K reward
         assert default_compute_score(row.data_source, row.extra_info["answer"], row.ground_truth) == 1.0
+    sequences = task_rows("sequence", 300, 0, "train")
+    assert len({r.messages[0]["content"] for r in sequences}) > 280
+    for row in sequences:  # a progression with a positive next term, its solution worth 1.0, another number 0.1
+        terms = [int(t) for t in row.messages[0]["content"].split("sequence ")[1].split("?")[0].split(", ")]
+        step = terms[1] - terms[0]
+        assert all(b - a == step for a, b in zip(terms, terms[1:])) and 2 <= abs(step) <= 15
+        assert int(row.ground_truth) == terms[-1] + step >= 1
+        assert default_compute_score(row.data_source, row.extra_info["answer"], row.ground_truth) == 1.0
+        assert default_compute_score(row.data_source, f"#### {terms[-1]}", row.ground_truth) == 0.0
 
 
 def test_sampler_resumes_in_the_same_order():

@@ -149,6 +149,25 @@ def test_builtin_task_rows_are_unchanged(tokenizer):
     assert sets.token_ids[0] == tokenizer(text, add_special_tokens=False)["input_ids"]
 
 
+def test_builtin_task_takes_the_system_prompt_and_template(tokenizer):
+    """A base model's frame (a worked example, Question/Answer) reaches built-in tasks as it reaches files."""
+    cfg = DataConfig(
+        task="arithmetic", task_size=4, val_size=2, apply_chat_template=False,
+        system_prompt="Question: 1 + 1?\nAnswer: 1 + 1 = 2.\n#### 2", prompt_template="Question: {prompt}\nAnswer:",
+    )  # fmt: skip
+    train, val = _rows(cfg, seed=3)
+    bare = task_rows("arithmetic", 4, 3, "train")
+    assert [r.ground_truth for r in train] == [r.ground_truth for r in bare]
+    assert train[0].messages == (
+        {"role": "system", "content": cfg.system_prompt},
+        {"role": "user", "content": f"Question: {bare[0].messages[0]['content']}\nAnswer:"},
+    )
+    assert val[0].messages[1]["content"].startswith("Question: ") and val[0].messages[1]["content"].endswith("Answer:")
+    sets, _ = load_prompt_sets(cfg, tokenizer, 3)
+    text = tokenizer.decode(sets.token_ids[0])
+    assert text == f"{cfg.system_prompt}\n\nQuestion: {bare[0].messages[0]['content']}\nAnswer:"
+
+
 def test_save_to_disk_dataset_and_dataset_dict(tmp_path):
     import datasets
 

@@ -113,9 +113,9 @@ def countdown_rows(n: int, seed: int) -> list[PromptRow]:
 
 
 def _sequence_problem(rng: random.Random) -> tuple[list[int], int]:
-    """An arithmetic progression of 4 or 5 terms (step 2..9, rising or falling, kept positive), its next term."""
-    step, n = rng.randint(2, 9) * rng.choice([1, 1, -1]), rng.randint(4, 5)
-    first = rng.randint(1, 30) + (-step * n if step < 0 else 0)
+    """An arithmetic progression of 4 or 5 terms (step 2..15, rising or falling, kept positive), its next term."""
+    step, n = rng.randint(2, 15) * rng.choice([1, 1, -1]), rng.randint(4, 5)
+    first = rng.randint(1, 99) + (-step * n if step < 0 else 0)
     return [first + step * i for i in range(n)], first + step * n
 
 
