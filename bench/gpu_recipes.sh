@@ -39,6 +39,13 @@ case "${1:-}" in
     # #24's acceptance (bench/gpu_signals.sh) on the imported SmolLM2, beside the proofs; and lite-verl doctor
     (setsid nohup bash -c 'until [ -f /tmp/models/smollm2/config.json ]; do sleep 5; done;
        bash bench/gpu_signals.sh /tmp/models/smollm2' > /tmp/signals.log 2>&1; echo $? > /tmp/signals.rc) &
+    # #24 item 9: ANOMALY=N trains the arithmetic recipe N steps under torch's anomaly detection (the first
+    # backward op that makes a NaN raises, naming itself and its forward), beside the proofs
+    [ "${ANOMALY:-0}" -gt 0 ] && (setsid nohup bash -c 'until [ -f /tmp/models/smollm2/config.json ]; do sleep 5; done; sleep 20;
+       LITE_VERL_DETECT_ANOMALY=1 python3 -m lite_verl train --preset 4090x1 --recipe arithmetic --set model.path=/tmp/models/smollm2 \
+         --set rollout.quantization=none --set rollout.enforce_eager=true --set rollout.gpu_memory_utilization=0.08 \
+         --set trainer.total_steps='"$ANOMALY"' --set data.val_size=0 --set trainer.progress=false --run-dir /tmp/anomaly' \
+       > /tmp/anomaly.log 2>&1; echo $? > /tmp/anomaly.rc) &
     [ "${DOCTOR:-1}" = 1 ] && { python3 -m lite_verl doctor > "$OUT/doctor.txt" 2>&1; echo "doctor exit $?" >> "$OUT/doctor.txt"; }
     ;;
   wait) ;;
@@ -56,6 +63,8 @@ while ! done_all && [ $((SECONDS - start)) -lt "$WAIT_S" ]; do
   echo "[$((SECONDS - start)) s] $(ls /tmp/lite-verl-recipes/*/run/metrics.jsonl 2>/dev/null | while read f; do echo -n "$(basename $(dirname $(dirname $f))):$(wc -l < $f) "; done)"
 done
 cp /tmp/recipes_*.log /tmp/signals.log "$OUT/" 2>/dev/null; grep CHECK /tmp/signals.log
+[ -f /tmp/anomaly.log ] && { grep -v "^INFO\|^(" /tmp/anomaly.log > "$OUT/anomaly.log"; echo "== anomaly: $(cat /tmp/anomaly.rc 2>/dev/null || echo running)";
+  grep -E "nan|NaN|non-finite|skipped|Function '|Error" /tmp/anomaly.log | head -8; }
 X=/tmp/recipes_extra; rm -rf $X; mkdir -p $X
 for d in /tmp/lite-verl-recipes/*/; do
   n=$(basename $d); mkdir -p $X/$n

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import sys
 import time
 import warnings
@@ -82,6 +83,8 @@ def prepare(cfg: Config) -> Session:
 
     cfg = cfg.with_auto_resolved()
     torch.manual_seed(cfg.trainer.seed)
+    if os.environ.get("LITE_VERL_DETECT_ANOMALY"):  # a diagnosis: the first backward op that makes a NaN raises
+        torch.autograd.set_detect_anomaly(True, check_nan=True)
     scorer = make_scorer(cfg.reward)  # imports reward.function, reads reward.model's config; starts nothing
     path = resolve_model_path(cfg.model)
     tokenizer = load_tokenizer(path, cfg.model.trust_remote_code)

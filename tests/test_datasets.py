@@ -305,3 +305,19 @@ def test_real_gsm8k_loads_with_its_own_columns():
     assert len(train) == 7473 and len(val) == 8
     assert train[0].messages[0]["content"].startswith("Natalia sold clips")
     assert train[0].ground_truth.endswith("#### 72") and train[0].columns == {"answer": train[0].ground_truth}
+
+
+def test_a_typed_backslash_n_in_the_frame_is_a_newline():
+    """`--set 'data.prompt_template=Question: {prompt}\\nAnswer:'` (a shell cannot type a newline) frames as
+    the same template with a real newline does."""
+    cfg = DataConfig(
+        task="arithmetic", task_size=2, val_size=0, apply_chat_template=False,
+        system_prompt="Q: 1 + 1?\\nA: 2", prompt_template="Question: {prompt}\\nAnswer:",
+    )  # fmt: skip
+    real = DataConfig(
+        task="arithmetic", task_size=2, val_size=0, apply_chat_template=False,
+        system_prompt="Q: 1 + 1?\nA: 2", prompt_template="Question: {prompt}\nAnswer:",
+    )  # fmt: skip
+    typed, _ = _rows(cfg, seed=3)
+    assert typed == _rows(real, seed=3)[0]
+    assert "\\n" not in typed[0].messages[1]["content"] and "\nAnswer:" in typed[0].messages[1]["content"]

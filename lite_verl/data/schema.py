@@ -100,8 +100,10 @@ def _messages(
 
 def framed(messages: Iterable[dict[str, str]], system: str, template: str) -> tuple[dict[str, str], ...]:
     """data.prompt_template around the last user message ({prompt} = its text) and data.system_prompt
-    before a conversation that has none: the same for data files and built-in tasks."""
+    before a conversation that has none: the same for data files and built-in tasks. A typed `\\n` in
+    either is a newline: a shell's --set cannot hold one, and a prompt never means a backslash-n."""
     messages = [dict(m) for m in messages]
+    system, template = system.replace("\\n", "\n"), template.replace("\\n", "\n")
     if template:
         last = max(i for i, m in enumerate(messages) if m["role"] == "user") if any(
             m["role"] == "user" for m in messages) else len(messages) - 1  # fmt: skip
