@@ -83,7 +83,8 @@ def prepare(cfg: Config) -> Session:
 
     cfg = cfg.with_auto_resolved()
     torch.manual_seed(cfg.trainer.seed)
-    if os.environ.get("LITE_VERL_DETECT_ANOMALY"):  # a diagnosis: the first backward op that makes a NaN raises
+    # a diagnosis (README "Numerical faults"): the first backward op that makes a NaN raises, naming itself
+    if os.environ.get("LITE_VERL_DETECT_ANOMALY"):
         torch.autograd.set_detect_anomaly(True, check_nan=True)
     scorer = make_scorer(cfg.reward)  # imports reward.function, reads reward.model's config; starts nothing
     path = resolve_model_path(cfg.model)
