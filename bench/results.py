@@ -56,7 +56,20 @@ NOTES = {  # what a reader must know about a table that its rows do not say
     "preset (bf16 rollout, eager vLLM) stopped after step 2 by `timeout -s TERM` and by SIGINT to the whole "
     "process group exits 143 and 130, says a checkpoint was written, and leaves no process of the run. The "
     "`--resume` of the SIGTERM run exited 2 and its log was not kept (the script now prints it); the same "
-    "script passes on the CPU (PRESET=laptop MODEL=-). Still to do: the resume on the GPU, alone.",
+    "script passes on the CPU (PRESET=laptop MODEL=-). Still to do: the resume on the GPU, alone. "
+    "2026-12-06 (H100, b64a762): the SIGTERM run never reached step 1: its vLLM start met another job's memory "
+    "moving, and the in-process retry cannot work with sleep mode (vLLM's CuMem allocator serves one engine per "
+    "process). The retry is now a new worker process (rollout/vllm_engine.start_retrying_once); the signal runs "
+    "are to be repeated.",
+    "nonfinite": "#24 item 9, the cause of the skipped steps on a real model: SmolLM2-135M on the arithmetic "
+    "recipe (4090x1 preset, bf16) skipped steps 1 and 5 on an H200 (2026-12-05) and step 1 on an H100 "
+    "(2026-12-06) with NaN gradients in every layer while the loss and log-probs were finite. Under "
+    "LITE_VERL_DETECT_ANOMALY=1 torch named the op: ScaledDotProductCudnnAttentionBackward0, cuDNN's attention "
+    "backward, which torch >= 2.11 picks first on Hopper. It returns NaN query gradients with an attention mask "
+    "when the padded length is 64 past a multiple of 128 and a row's log-sum-exp is very negative "
+    "(pytorch/pytorch#196678; TRL's DPO hit it too, huggingface/trl#7181): a left-padded prompt row is one. Not "
+    "ours, but ours to avoid: every GPU training process now turns cuDNN attention off "
+    "(device.safe_attention_backward); the flash and memory-efficient kernels take over. Not yet re-run on a GPU.",
     "gguf": "SmolLM2 here is the HF directory `lite-verl import-gguf` made from its Q4_1 GGUF (the machine has no "
     "Hub): the round trip checks the export, not the original bf16 weights. Same-prompt-ids compares the "
     "GGUF's tokenizer (as transformers rebuilds it from the file) with the HF one on the chat-formatted prompts. "

@@ -72,6 +72,20 @@ def cap_memory(device: torch.device, gib: float) -> None:
     torch.cuda.set_per_process_memory_fraction(gib / total, device)
 
 
+def safe_attention_backward(device: torch.device) -> None:
+    """Keeps the training backward off cuDNN's attention kernel on this process's GPUs.
+
+    torch >= 2.11 puts cuDNN first for scaled_dot_product_attention on Hopper and newer cards, and its
+    backward returns NaN query gradients when an attention mask is passed, the padded length is 64 past a
+    multiple of 128 and a row's log-sum-exp is very negative (pytorch/pytorch#196678): a left-padded
+    prompt row is one. Seen here (#24 item 9): SmolLM2-135M skipped steps 1 and 5 of the arithmetic recipe
+    and 3 of 60 on GSM8K for a NaN gradient on an H200; on an H100 anomaly detection named
+    ScaledDotProductCudnnAttentionBackward0 at step 1. The memory-efficient and flash kernels, which take over, are
+    clean on the same inputs; forward results are the same within rounding."""
+    if device.type == "cuda":
+        torch.backends.cuda.enable_cudnn_sdp(False)
+
+
 def exact_pinned_memory() -> bool:
     """Whether pinned (page-locked) host memory is allocated at its size, after asking for it.
 

@@ -91,33 +91,85 @@ def test_one_vllm_engine_starts_per_gpu_at_a_time(monkeypatch, tmp_path):
     assert 0.7 <= waited["same card, waits"] < 10
 
 
-def test_vllm_start_is_retried_once_only_when_another_process_moved_the_memory(capsys):
-    from lite_verl.rollout.vllm_worker import _start
+def test_vllm_start_is_retried_once_in_a_new_process_only_when_another_process_moved_the_memory(
+    capsys, monkeypatch
+):
+    """A worker whose vLLM start failed because GPU memory moved under its measurement (device.vllm_memory_race)
+    is replaced by a new worker once (vLLM's sleep-mode allocator refuses a second engine in one process)."""
+    import lite_verl.rollout.vllm_engine as engine
+    from lite_verl.device import vllm_memory_race
 
-    race = AssertionError(
-        "Error in memory profiling. Initial free memory 119.35 GiB, current free memory 124.81 GiB."
+    monkeypatch.setattr(engine.time, "sleep", lambda s: None)
+    race = engine.MemoryMoved(
+        "vLLM could not start: AssertionError: Error in memory profiling. Initial free memory 119.35 GiB, "
+        "current free memory 124.81 GiB.; rollout.engine=vllm, rollout.gpus=[0]"
     )
-    calls: list[dict] = []
+    assert vllm_memory_race(str(race))
+    starts: list[int] = []
 
-    def flaky(errors):
-        def make(**kwargs):
-            calls.append(kwargs)
+    def workers(errors):
+        def start():
+            starts.append(1)  # one worker process each
             if errors:
                 raise errors.pop(0)
-            return "engine"
+            return {"memory_lora": True}
 
-        return make
+        return start
 
-    assert _start(flaky([race]), {"model": "m"}) == "engine" and len(calls) == 2
-    assert "retrying once" in capsys.readouterr().err
-    calls.clear()
-    with pytest.raises(ValueError, match="max_model_len"):  # a real error: no retry
-        _start(flaky([ValueError("max_model_len 9999 is too long")]), {})
-    assert len(calls) == 1
-    calls.clear()
-    full = ValueError("No available memory for the cache blocks. Try increasing `gpu_memory_utilization`")
+    assert engine.start_retrying_once(workers([race])) == {"memory_lora": True} and len(starts) == 2
+    assert "retrying once in a new process" in capsys.readouterr().err
+    starts.clear()
+    real = engine.RolloutWorkerError("vLLM could not start: ValueError: max_model_len 9999 is too long")
+    with pytest.raises(engine.RolloutWorkerError, match="max_model_len") as raised:  # a real error: no retry
+        engine.start_retrying_once(workers([real]))
+    assert len(starts) == 1 and "on a retry" not in str(raised.value)
+    starts.clear()
+    full = engine.MemoryMoved("vLLM could not start: ValueError: No available memory for the cache blocks")
     with pytest.raises(
-        RuntimeError, match="No available memory.*on a retry; the first start: Error in memory"
+        engine.RolloutWorkerError, match="No available memory.*on a retry; the first start: .*Error in memory"
     ):
-        _start(flaky([race, full]), {})
-    assert len(calls) == 2
+        engine.start_retrying_once(workers([race, full]))
+    assert len(starts) == 2
+
+
+@pytest.fixture
+def cudnn_sdp_restored():
+    before = torch.backends.cuda.cudnn_sdp_enabled()
+    yield
+    torch.backends.cuda.enable_cudnn_sdp(before)
+
+
+def test_a_gpu_trainer_keeps_attention_backward_off_cudnn(cudnn_sdp_restored):
+    """#24 item 9: torch's cuDNN attention backward makes NaN gradients on masked, left-padded rows; a GPU
+    training process turns that kernel off, a CPU one leaves the setting alone."""
+    from lite_verl.device import safe_attention_backward
+
+    torch.backends.cuda.enable_cudnn_sdp(True)
+    safe_attention_backward(torch.device("cpu"))
+    assert torch.backends.cuda.cudnn_sdp_enabled()
+    safe_attention_backward(torch.device("cuda", 0))
+    assert not torch.backends.cuda.cudnn_sdp_enabled()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (run on the device machine)")
+def test_masked_attention_gradients_are_finite_after_the_switch(cudnn_sdp_restored):
+    """pytorch/pytorch#196678's case (padded length 704 = 64 past a multiple of 128, every row's
+    log-sum-exp below ln(FLT_MAX)): finite query gradients once safe_attention_backward has run."""
+    import math
+
+    import torch.nn.functional as F
+
+    from lite_verl.device import safe_attention_backward
+
+    safe_attention_backward(torch.device("cuda", 0))
+    length, dim = 704, 64
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    q = torch.randn(1, 1, length, dim, device="cuda", dtype=torch.bfloat16, generator=gen) * 0.1
+    k = torch.randn(1, 1, length, dim, device="cuda", dtype=torch.bfloat16, generator=gen) * 0.1
+    v = torch.randn(1, 1, length, dim, device="cuda", dtype=torch.bfloat16, generator=gen)
+    q[..., 0], k[..., 0] = 1.0, -120 * math.sqrt(dim)
+    q.requires_grad_()
+    mask = torch.ones(length, length, dtype=torch.bool, device="cuda").tril()[None, None]
+    F.scaled_dot_product_attention(q, k, v, attn_mask=mask).sum().backward()
+    assert q.grad is not None and bool(torch.isfinite(q.grad).all())

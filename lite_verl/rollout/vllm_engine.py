@@ -23,6 +23,7 @@ import shutil
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from contextlib import suppress
 from pathlib import Path
 from typing import Any
@@ -42,6 +43,28 @@ START_TIMEOUT_S = 900
 
 class RolloutWorkerError(UserError):
     """The vLLM worker failed; the message carries vLLM's own reason."""
+
+
+class MemoryMoved(RolloutWorkerError):
+    """vLLM did not start because another process's GPU memory changed while it measured the free memory
+    (device.vllm_memory_race): worth one more try, in a fresh worker process."""
+
+
+def start_retrying_once(start: Callable[[], Any]) -> Any:
+    """start() (a new worker and its first reply); once more when it raised MemoryMoved. The retry is a
+    fresh process because vLLM's sleep-mode allocator serves one engine per process: a second engine in
+    the same one fails ("CuMem allocator can only be used for one instance per process", seen on an H100)."""
+    try:
+        return start()
+    except MemoryMoved as e:
+        first = str(e).split("; rollout.engine")[0]
+    print(f"lite-verl: vLLM start: GPU memory moved while it measured ({first}); retrying once in a new process",
+          file=sys.stderr, flush=True)  # fmt: skip
+    time.sleep(5)
+    try:
+        return start()
+    except RolloutWorkerError as e:
+        raise RolloutWorkerError(f"{e} (on a retry; the first start: {first})") from None
 
 
 class VLLMRolloutEngine:
@@ -93,13 +116,20 @@ class VLLMRolloutEngine:
         self.eos_ids = sorted({int(tokenizer.eos_token_id)} | _generation_eos(Path(options.model)))
         self.shm = _adapter_dir()
         self._unanswered: str | None = None  # the request whose reply the controller has not read
-        self.conn, self.proc = start_worker(options, rollout)
-        features = self._wait("start", START_TIMEOUT_S) or {}
+        self.proc: Any = None
+        features = start_retrying_once(lambda: self._start_worker(options)) or {}
         # adapter sync from memory (no file) where this vLLM allows it; LITE_VERL_ADAPTER_FILES=1 forces files
         self.memory_lora = bool(features.get("memory_lora")) and not os.environ.get("LITE_VERL_ADAPTER_FILES")
         self._adapter_buffer: Any = None
 
     # --- plumbing --------------------------------------------------------------------------------
+    def _start_worker(self, options: WorkerOptions) -> Any:
+        """A new worker process (after the last one has exited, its GPU memory with it); -> its first reply."""
+        if self.proc is not None:
+            self.proc.join(60)
+        self.conn, self.proc = start_worker(options, self.rollout)
+        return self._wait("start", START_TIMEOUT_S)
+
     def _wait(self, what: str, timeout: float) -> Any:
         self._unanswered = what  # until its reply is read: a wait cut short (a signal) leaves it set
         deadline = time.monotonic() + timeout
@@ -112,6 +142,8 @@ class VLLMRolloutEngine:
                 raise RolloutWorkerError(f"the vLLM worker did not answer {what} within {timeout:.0f}s")
         status, result, trace = self.conn.recv()
         self._unanswered = None
+        if status == "memory moved":
+            raise MemoryMoved(f"{result}; rollout.engine=vllm, rollout.gpus={list(self.rollout.gpus)}")
         if status != "ok":
             if os.environ.get("LITE_VERL_DEBUG"):
                 print(trace, file=sys.stderr)

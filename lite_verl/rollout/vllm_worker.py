@@ -118,45 +118,13 @@ def _make_llm(o: WorkerOptions):
 
 
 def _start(make: Any, kwargs: dict) -> Any:
-    """make(**kwargs) (vLLM's LLM) while no other lite-verl engine starts on these GPUs, and once more when
-    another process's memory moved under vLLM's measurement (device.vllm_memory_race)."""
-    import sys
-    import time
-
-    from lite_verl.device import gpu_start_lock, vllm_memory_race
-    from lite_verl.errors import first_line
+    """make(**kwargs) (vLLM's LLM) while no other lite-verl engine starts on these GPUs: vLLM sizes its KV
+    cache from the free memory it sees. (Another process's memory moving meanwhile is retried by the
+    engine, in a new worker process: rollout/vllm_engine.start_retrying_once.)"""
+    from lite_verl.device import gpu_start_lock
 
     with gpu_start_lock():
-        try:
-            return make(**kwargs)
-        except (AssertionError, ValueError, RuntimeError) as e:
-            if not vllm_memory_race(str(e)):
-                raise
-            first = first_line(e)
-    # out of the except block: the failed engine's frames (and its weights) can be freed now
-    print(f"lite-verl: vLLM start: GPU memory moved while it measured ({first}); retrying once",
-          file=sys.stderr, flush=True)  # fmt: skip
-    _free_failed_engine()
-    time.sleep(5)
-    with gpu_start_lock():
-        try:
-            return make(**kwargs)
-        except (AssertionError, ValueError, RuntimeError) as e:
-            raise RuntimeError(f"{first_line(e)} (on a retry; the first start: {first})") from e
-
-
-def _free_failed_engine() -> None:
-    """What a failed LLM() left: its distributed state and cached GPU memory."""
-    import contextlib
-    import gc
-
-    with contextlib.suppress(Exception):
-        from vllm.distributed.parallel_state import cleanup_dist_env_and_memory
-
-        cleanup_dist_env_and_memory()
-    gc.collect()
-    if torch.cuda.is_available():
-        torch.cuda.empty_cache()
+        return make(**kwargs)
 
 
 class _Server:
@@ -284,7 +252,10 @@ def worker_main(conn, options: WorkerOptions) -> None:  # pragma: no cover - run
     try:
         server = _Server(_make_llm(options))
     except BaseException as e:  # noqa: BLE001 - report any start-up failure to the controller
-        conn.send(("error", f"vLLM could not start: {type(e).__name__}: {e}", traceback.format_exc()))
+        from lite_verl.device import vllm_memory_race
+
+        status = "memory moved" if vllm_memory_race(str(e)) else "error"  # the engine retries it, once
+        conn.send((status, f"vLLM could not start: {type(e).__name__}: {e}", traceback.format_exc()))
         return
     from lite_verl.rollout.vllm_compat import memory_lora_supported
 

@@ -30,9 +30,10 @@ def rank_device(train: TrainConfig, rank: int) -> torch.device:
 def build_rank_backend(cfg: Config, model_dir: Path, device: torch.device, world: int) -> TrainBackend:
     """The training backend of one rank of `world` on `device`, with its memory cap set and, for
     algorithm.adv_estimator=gae, its critic. LoRA replicas start equal: rank 0's values are broadcast."""
-    from lite_verl.device import cap_memory
+    from lite_verl.device import cap_memory, safe_attention_backward
 
     cap_memory(device, cfg.train.max_memory_gib)
+    safe_attention_backward(device)
     if not cfg.train.full_finetune:  # lora, qlora
         from lite_verl.train.dist import broadcast_parameters
         from lite_verl.train.lora import build_lora_backend
