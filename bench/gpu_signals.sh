@@ -23,8 +23,10 @@ alive() { local p; for p in $1; do kill -0 $p 2>/dev/null && return 0; done; ret
 # 1. SIGTERM to the controller only, as `timeout` sends it
 ( timeout -s TERM 600 python3 -m lite_verl train "${SETS[@]}" --run-dir $W/term > $W/term.log 2>&1; echo $? > $W/term.rc ) &
 for i in $(seq 240); do started $W/term && break; sleep 1; done
-TOP=$(pgrep -f "timeout -s TERM 600 python3 -m lite_verl train"); PIDS="$TOP $(tree $TOP)"; echo "run tree: $PIDS"
-kill -TERM $TOP; for i in $(seq 300); do [ -f $W/term.rc ] && break; sleep 1; done
+TOP=$(pgrep -f "timeout -s TERM 600 python3 -m lite_verl train" || true)
+[ -n "$TOP" ] || { echo "the SIGTERM run ended before step 2 (exit $(cat $W/term.rc 2>/dev/null)):"; grep -v "INFO\|WARNING" $W/term.log | tail -5; }
+PIDS="$TOP ${TOP:+$(tree $TOP)}"; echo "run tree: $PIDS"
+[ -n "$TOP" ] && kill -TERM $TOP; for i in $(seq 300); do [ -f $W/term.rc ] && break; sleep 1; done
 sleep 3
 check "SIGTERM: exit 143 (was $(cat $W/term.rc))" '[ "$(cat $W/term.rc)" = 143 ]'
 check "SIGTERM: says a checkpoint was written" 'grep -q "a checkpoint was written" $W/term.log'
@@ -38,8 +40,10 @@ ctrl_c() {
   setsid bash -c "python3 -m lite_verl train ${SETS[*]} $* --run-dir $W/$name > $W/$name.log 2>&1; echo \$? > $W/$name.rc" &
   for i in $(seq 240); do eval "$ready" && break; sleep 1; done
   sleep 2
-  local top; top=$(pgrep -f "^python3 -m lite_verl train.*run-dir $W/$name"); PIDS="$top $(tree $top)"; echo "run tree: $PIDS"
-  local t0=$SECONDS; kill -INT -- -$(ps -o pgid= -p $top | tr -d ' ')
+  local top; top=$(pgrep -f "^python3 -m lite_verl train.*run-dir $W/$name" || true)
+  [ -n "$top" ] || { echo "the $name run ended before the signal:"; grep -v "INFO\|WARNING" $W/$name.log | tail -5; }
+  PIDS="$top ${top:+$(tree $top)}"; echo "run tree: $PIDS"
+  local t0=$SECONDS; [ -n "$top" ] && kill -INT -- -$(ps -o pgid= -p $top | tr -d ' ')
   for i in $(seq 300); do [ -f $W/$name.rc ] && break; sleep 1; done
   STOP_S=$((SECONDS - t0)); sleep 3   # STOP_S: seconds from the signal to the exit
 }

