@@ -7,8 +7,8 @@
 #   bash bench/gpu_recipes.sh wait                          # wait more; results when done
 # SmolLM2-135M-Instruct's chain (arithmetic, countdown, gsm8k; 2 jobs at a time) runs; Gemma-3-270M base's
 # (GEMMA_JOBS=gemma:arithmetic) only when asked. Gemma is a base model: its arithmetic job gets a Question/Answer
-# frame with one worked example, no chat template and 48 new tokens (BASE_FRAME, unless JOB_SETS is given;
-# greedy accuracy with it on 64 prompts on the CPU: 0.14; with the chat template on 2026-12-05: 0).
+# frame with one worked example, no chat template, a stop at the next question and 64 new tokens (BASE_FRAME, unless JOB_SETS is given;
+# greedy accuracy with the frame on 64 prompts on the CPU, 48 tokens and no stop: 0.14; with the chat template on 2026-12-05: 0).
 # Each model is imported first by `lite-verl import-gguf`. Hardware knobs only
 # (--set): bf16 rollout (the AWQ set is not carried), eager vLLM (fast starts), 0.1 of the GPU per engine.
 # $OUT gets recipes.log, results_new.jsonl (the rows it appended) and extra.tgz (logs, curves, eval JSON).
@@ -53,7 +53,7 @@ case "${1:-}" in
   wait) ;;
   chain)  # NAME GGUF JOBS: import the model, then its jobs (run by start, in the background)
     python3 -m lite_verl import-gguf "/tmp/models/$3" "/tmp/models/$2" || exit 1
-    BASE_FRAME='gemma:arithmetic:data.apply_chat_template=false;gemma:arithmetic:rollout.max_new_tokens=48;gemma:arithmetic:data.prompt_template=Question: Tom has 5 pens, buys 3 more, then gives away 2. How many pens does Tom have?\nAnswer: 5 + 3 = 8, 8 - 2 = 6.\n#### 6\n\nQuestion: {prompt}\nAnswer:'
+    BASE_FRAME='gemma:arithmetic:data.apply_chat_template=false;gemma:arithmetic:rollout.max_new_tokens=64;gemma:arithmetic:rollout.stop=["\n\nQuestion:"];gemma:arithmetic:data.prompt_template=Question: Tom has 5 pens, buys 3 more, then gives away 2. How many pens does Tom have?\nAnswer: 5 + 3 = 8, 8 - 2 = 6.\n#### 6\n\nQuestion: {prompt}\nAnswer:'
     JS=(); IFS=';' read -ra parts <<< "${JOB_SETS:-$BASE_FRAME}"; for p in "${parts[@]}"; do [ -n "$p" ] && JS+=(--job-set "$p"); done
     exec python3 -m bench.recipes "${JS[@]}" --model "$2=/tmp/models/$2" --jobs "$4" --gsm8k /tmp/gsm8k --steps "${STEPS:-0}" --parallel "${PARALLEL:-2}" \
       --set rollout.quantization=none --set rollout.enforce_eager=true --set rollout.gpu_memory_utilization=0.1 ;;

@@ -143,7 +143,7 @@ def validate(session: Session, step: int) -> dict[str, float]:
     val = session.val_set
     if not len(val):
         return {}
-    sampling = SamplingSettings(n=1, temperature=0.0, max_new_tokens=session.cfg.rollout.max_new_tokens)
+    sampling = SamplingSettings.of(session.cfg.rollout, greedy=True)
     scores = score_prompts(session, val, sampling, step_seed(session.cfg.trainer.seed, -1))
     out = {"val/reward_mean": float(scores.mean()), "val/acc": float((scores >= CORRECT).float().mean())}
     sources = sorted({row.data_source for row in val.rows})
@@ -156,7 +156,7 @@ def validate(session: Session, step: int) -> dict[str, float]:
 
 def _greedy_baselines(session: Session, rows_idx: list[int]) -> torch.Tensor:
     """ReMax: the reward of the greedy response to each prompt, repeated for its n samples. [N]"""
-    sampling = SamplingSettings(n=1, temperature=0.0, max_new_tokens=session.cfg.rollout.max_new_tokens)
+    sampling = SamplingSettings.of(session.cfg.rollout, greedy=True)
     greedy = session.engine.generate([session.train_set.token_ids[i] for i in rows_idx], sampling, seed=0)
     texts = greedy.response_texts(session.tokenizer)
     return score(session, rows_idx, session.train_set, texts, 1).repeat_interleave(session.cfg.rollout.n)
@@ -207,9 +207,7 @@ def _rollout(
     (rollout.max_staleness=1), else generated now. With staleness the next batch starts here, with the
     weights of now. -> (prompt rows, rollout, {timing/rollout_wait_s} when collected)"""
     cfg, r = session.cfg, session.cfg.rollout
-    sampling = SamplingSettings(
-        n=r.n, temperature=r.temperature, top_p=r.top_p, max_new_tokens=r.max_new_tokens
-    )
+    sampling = SamplingSettings.of(r)
     waited: dict[str, float] = {}
     t0 = time.perf_counter()
     if session.prefetched is not None:  # one-step-off-policy: started during the previous update

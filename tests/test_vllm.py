@@ -359,3 +359,23 @@ def test_awq_on_a_cpu_without_the_kernel_is_one_clear_line(monkeypatch):
     ):
         vllm_start._check_cpu_awq(())
     vllm_start._check_cpu_awq((0,))  # a rollout GPU needs no CPU kernel
+
+
+def test_vllm_stops_where_the_rule_says():
+    """rollout.stop through vLLM's own stop strings: each response ends with the token that completes its
+    first stop string (rollout/hf.cut_at_stop decides, vLLM only stops early), log-probs masked after it."""
+    from test_stop import check_stopped
+
+    from lite_verl.rollout.base import SamplingSettings
+
+    session = _session("rollout.max_new_tokens=24")
+    try:
+        prompts = session.train_set.token_ids[:6]
+        stop = ("a", "e", "o")
+        stopped = session.engine.generate(prompts, SamplingSettings(n=2, max_new_tokens=24, stop=stop), seed=3)
+        free = session.engine.generate(prompts, SamplingSettings(n=2, max_new_tokens=24), seed=3)
+        assert check_stopped(stopped, session.tokenizer, stop) >= 6
+        assert stopped.response_mask.sum() < free.response_mask.sum()
+        assert torch.all(stopped.rollout_log_probs[stopped.response_mask == 0] == 0)
+    finally:
+        session.engine.close()

@@ -141,6 +141,12 @@ class RolloutConfig:
     temperature: float = key(1.0, "sampling temperature; the trainer divides logits by it too")
     top_p: float = key(1.0, "nucleus sampling")
     max_new_tokens: int = key(16, "response length limit in tokens")
+    stop: tuple[str, ...] = key(
+        (),
+        "strings that end a response: it is cut after the token that completes the first one (kept and trained "
+        "on, as EOS is), the same on every engine; e.g. ['\\n\\nQuestion:'] for a base model in a Q/A frame "
+        "(a typed \\n is a newline)",
+    )
     gpus: tuple[int, ...] = key((), "local GPU ids for rollout; empty = CPU", where=True)
     gpu_memory_utilization: float = key(0.5, "vLLM: fraction of each rollout GPU it may take", where=True)
     quantization: Quantization = key(
@@ -167,6 +173,11 @@ class RolloutConfig:
         0,
         "0 = synchronous; 1 = one-step-off-policy: rollout k+1 runs while the trainer updates on k (split placement, vllm)",
     )
+
+    @property
+    def stop_strings(self) -> tuple[str, ...]:
+        """rollout.stop with a typed \\n as a newline: a shell's --set cannot hold one."""
+        return tuple(s.replace("\\n", "\n") for s in self.stop)
 
 
 @dataclass(frozen=True)

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from lite_verl.batch import RolloutBatch
+from lite_verl.config import RolloutConfig
 
 
 @dataclass(frozen=True)
@@ -25,6 +26,19 @@ class SamplingSettings:
     temperature: float = 1.0  # 0 = greedy
     top_p: float = 1.0
     max_new_tokens: int = 32
+    stop: tuple[str, ...] = ()  # rollout.stop_strings: a response ends after the token that completes one
+
+    @classmethod
+    def of(cls, rollout: RolloutConfig, greedy: bool = False, n: int | None = None) -> SamplingSettings:
+        """The run's sampling (rollout.*); greedy: one temperature-0 response per prompt (validation);
+        n: another group size (eval's k)."""
+        return cls(
+            n=1 if greedy else n or rollout.n,
+            temperature=0.0 if greedy else rollout.temperature,
+            top_p=rollout.top_p,
+            max_new_tokens=rollout.max_new_tokens,
+            stop=rollout.stop_strings,
+        )
 
 
 class RolloutEngine(Protocol):
@@ -44,7 +58,8 @@ class RolloutEngine(Protocol):
         ...
 
     def generate(self, prompts: list[list[int]], sampling: SamplingSettings, seed: int) -> RolloutBatch:
-        """Sample `sampling.n` responses per prompt (rows grouped: prompt i -> rows i*n .. i*n+n-1).
+        """Sample `sampling.n` responses per prompt (rows grouped: prompt i -> rows i*n .. i*n+n-1). A response
+        ends at EOS or after the token that completes one of `sampling.stop` (rollout/hf.cut_at_stop).
 
         Log-probs are of the sampled tokens under the sampling distribution (logits / temperature).
         The same seed gives the same samples on the same machine. Waits for the rollout; with one in

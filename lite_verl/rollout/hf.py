@@ -31,6 +31,40 @@ def left_pad(prompts: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch
     return ids, mask
 
 
+def cut_at_stop(
+    response_ids: torch.Tensor, mask: torch.Tensor, tokenizer: Any, stop: tuple[str, ...]
+) -> torch.Tensor:
+    """mask [B, R] (a prefix of ones per row) cut after the token that completes the first of `stop` in each
+    response's text; that token is kept, as an EOS is. One rule for every engine: their own early stopping
+    (vLLM's stop, transformers' stop_strings) only saves time, and may match inside a token differently."""
+    if not stop:
+        return mask
+    mask = mask.clone()
+    for i in range(len(response_ids)):
+        ids = response_ids[i, : int(mask[i].sum())].tolist()
+        end = _stop_end(tokenizer, ids, stop)
+        if end is not None:
+            mask[i, end:] = 0
+    return mask
+
+
+def _stop_end(tokenizer: Any, ids: list[int], stop: tuple[str, ...]) -> int | None:
+    """The fewest leading tokens of `ids` whose text holds a stop string (None: no stop string at all);
+    binary search, since a prefix's text only grows."""
+
+    def has_stop(k: int) -> bool:
+        text = tokenizer.decode(ids[:k], skip_special_tokens=False)
+        return any(s in text for s in stop)
+
+    if not ids or not has_stop(len(ids)):
+        return None
+    lo, hi = 1, len(ids)
+    while lo < hi:
+        mid = (lo + hi) // 2
+        lo, hi = (lo, mid) if has_stop(mid) else (mid + 1, hi)
+    return lo
+
+
 def response_mask_after_eos(response_ids: torch.Tensor, eos_ids: set[int]) -> torch.Tensor:
     """[B, R] -> [B, R] long: 1 up to and including the first EOS, 0 after it."""
     is_eos = torch.zeros_like(response_ids, dtype=torch.bool)
@@ -98,7 +132,9 @@ class HFRolloutEngine:
             out = self._sample(prompt_ids, prompt_mask, sampling, greedy, scorer)
         response_ids = out.sequences[:, prompt_ids.shape[1] :].cpu()
         log_probs = torch.stack(scorer.log_probs, dim=1)  # [B, R]: one per generated token
-        mask = response_mask_after_eos(response_ids, self.eos_ids)
+        mask = cut_at_stop(
+            response_ids, response_mask_after_eos(response_ids, self.eos_ids), self.tokenizer, sampling.stop
+        )
         response_ids = torch.where(mask.bool(), response_ids, torch.full_like(response_ids, self.pad_id))
         return RolloutBatch(prompt_ids, prompt_mask, response_ids, mask, log_probs * mask)
 
@@ -117,6 +153,9 @@ class HFRolloutEngine:
             eos_token_id=sorted(self.eos_ids),
             pad_token_id=self.pad_id,
             stopping_criteria=StoppingCriteriaList([scorer]),
+            stop_strings=list(sampling.stop)
+            or None,  # stops early; cut_at_stop decides where a response ends
+            tokenizer=self.tokenizer if sampling.stop else None,
             return_dict_in_generate=True,
             synced_gpus=self.synced,
         )

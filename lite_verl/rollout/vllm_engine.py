@@ -34,7 +34,7 @@ from lite_verl.batch import RolloutBatch
 from lite_verl.config import Config, RolloutConfig, SyncConfig
 from lite_verl.errors import UserError
 from lite_verl.rollout.base import SamplingSettings
-from lite_verl.rollout.hf import left_pad, response_mask_after_eos
+from lite_verl.rollout.hf import cut_at_stop, left_pad, response_mask_after_eos
 from lite_verl.rollout.vllm_start import start_worker, worker_options
 from lite_verl.rollout.vllm_worker import WorkerOptions
 
@@ -204,7 +204,7 @@ class VLLMRolloutEngine:
         greedy_copies = sampling.n if sampling.temperature == 0 else 1  # vLLM wants n=1 when greedy
         kwargs = dict(
             prompts=prompts, n=sampling.n // greedy_copies, temperature=sampling.temperature, top_p=sampling.top_p,
-            max_tokens=sampling.max_new_tokens, seed=seed, stop_ids=self.eos_ids,
+            max_tokens=sampling.max_new_tokens, seed=seed, stop_ids=self.eos_ids, stop=list(sampling.stop),
         )  # fmt: skip
         return kwargs, greedy_copies
 
@@ -217,6 +217,7 @@ class VLLMRolloutEngine:
         valid = ids >= 0
         response_ids = torch.where(valid, ids, torch.full_like(ids, self.pad_id))
         mask = response_mask_after_eos(response_ids, set(self.eos_ids)) * valid.long()
+        mask = cut_at_stop(response_ids, mask, self.tokenizer, sampling.stop)
         return RolloutBatch(
             prompt_ids, prompt_mask, response_ids * mask + self.pad_id * (1 - mask), mask, lps * mask
         )

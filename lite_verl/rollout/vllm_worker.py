@@ -133,7 +133,8 @@ class _Server:
         self.lora: Any = None  # the current LoRARequest, or None (base weights)
 
     def generate(self, prompts: list[list[int]], n: int, temperature: float, top_p: float, max_tokens: int,
-                 seed: int, stop_ids: list[int]) -> tuple[torch.Tensor, torch.Tensor, tuple[float, float]]:  # fmt: skip
+                 seed: int, stop_ids: list[int], stop: list[str] | None = None,
+                 ) -> tuple[torch.Tensor, torch.Tensor, tuple[float, float]]:  # fmt: skip
         """-> token ids [N, R] (-1 = none), their log-probs, and this call's wall-clock (start, end)."""
         import time
 
@@ -151,7 +152,9 @@ class _Server:
                 logprobs=0,
                 seed=(seed + i) % (2**31),
                 stop_token_ids=stop_ids,
-                detokenize=False,
+                stop=stop or None,  # the engine's cut_at_stop decides where a response ends; this stops early
+                include_stop_str_in_output=True,
+                detokenize=bool(stop),  # stop strings are matched on the text
             )  # fmt: skip
             for i in range(len(prompts))
         ]

@@ -80,8 +80,7 @@ def evaluate(session: Session, k: int, correct: float) -> dict[str, dict[str, fl
     if not len(val):
         raise UserError("no prompts to evaluate: give data.val_files or set data.val_size > 0")
     r = cfg.rollout
-    greedy = SamplingSettings(n=1, temperature=0.0, max_new_tokens=r.max_new_tokens)
-    sampled = SamplingSettings(n=k, temperature=r.temperature, top_p=r.top_p, max_new_tokens=r.max_new_tokens)
+    greedy, sampled = SamplingSettings.of(r, greedy=True), SamplingSettings.of(r, n=k)
     seed = step_seed(cfg.trainer.seed, -2)
     g = score_prompts(session, val, greedy, seed)
     s = score_prompts(session, val, sampled, seed)

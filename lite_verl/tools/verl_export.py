@@ -189,6 +189,13 @@ def _rollout(cfg: Config, layout: Layout) -> list[Item]:
     ]
     if r.engine == "hf":
         items.append(Note("rollout.engine=hf", "verl generates with vLLM (rollout.name=vllm)"))
+    if r.stop:
+        items.append(
+            Note(
+                f"rollout.stop={list(r.stop)}",
+                "verl's rollout has no stop strings: responses end at EOS or rollout.response_length",
+            )
+        )
     if r.quantization == "awq":
         items.append(
             Note(
