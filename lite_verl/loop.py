@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import sys
 import time
 import warnings
@@ -83,9 +82,6 @@ def prepare(cfg: Config) -> Session:
 
     cfg = cfg.with_auto_resolved()
     torch.manual_seed(cfg.trainer.seed)
-    # a diagnosis (README "Numerical faults"): the first backward op that makes a NaN raises, naming itself
-    if os.environ.get("LITE_VERL_DETECT_ANOMALY"):
-        torch.autograd.set_detect_anomaly(True, check_nan=True)
     scorer = make_scorer(cfg.reward)  # imports reward.function, reads reward.model's config; starts nothing
     path = resolve_model_path(cfg.model)
     tokenizer = load_tokenizer(path, cfg.model.trust_remote_code)

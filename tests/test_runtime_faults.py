@@ -157,3 +157,22 @@ def test_reward_failures_scored_with_the_default(tmp_path, capsys):
     assert "crashed its worker process" in err and "raised ValueError: nope" in err
     row = [m for m in read_metrics(run.path) if "reward/mean" in m][0]
     assert -1.0 < row["reward/mean"] < 1.0 and row["reward/max"] == 1.0
+
+
+def test_anomaly_detection_names_the_operation_that_made_the_nan(monkeypatch):
+    """LITE_VERL_DETECT_ANOMALY=1 (README "Numerical and memory faults"): every training rank runs its backward
+    under torch's anomaly detection, so the first operation whose gradient is NaN raises, naming itself (how
+    cuDNN's attention backward was found on a GPU)."""
+    monkeypatch.setenv("LITE_VERL_DETECT_ANOMALY", "1")
+    try:
+        backend = prepare(load_config("laptop", None, SMALL)).backend
+        assert torch.is_anomaly_enabled() and torch.is_anomaly_check_nan_enabled()
+        mlp = backend.model.get_base_model().model.layers[0].mlp
+        handle = mlp.register_full_backward_hook(lambda m, gi, go: tuple(g * float("nan") for g in gi))
+        ids = torch.randint(3, 100, (2, 12))
+        log_prob, _ = backend.forward(ids, torch.ones_like(ids), 4, 1.0)
+        with pytest.raises(RuntimeError, match="returned nan values"):
+            backend.backward(log_prob.sum())
+        handle.remove()
+    finally:
+        torch.autograd.set_detect_anomaly(False)

@@ -11,6 +11,7 @@ Each backend module is imported only when the config asks for it (ZeRO-3 needs D
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import torch
@@ -34,6 +35,10 @@ def build_rank_backend(cfg: Config, model_dir: Path, device: torch.device, world
 
     cap_memory(device, cfg.train.max_memory_gib)
     safe_attention_backward(device)
+    # a diagnosis (README "Numerical and memory faults"): the first backward op that makes a NaN raises,
+    # naming itself and the forward line that made it; every rank, since each runs its own backward
+    if os.environ.get("LITE_VERL_DETECT_ANOMALY"):
+        torch.autograd.set_detect_anomaly(True, check_nan=True)
     if not cfg.train.full_finetune:  # lora, qlora
         from lite_verl.train.dist import broadcast_parameters
         from lite_verl.train.lora import build_lora_backend
