@@ -26,7 +26,7 @@ import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING, TextIO
 
-from lite_verl.errors import UserError
+from lite_verl.errors import ConfigError, UserError
 
 if TYPE_CHECKING:
     from lite_verl.config import Config
@@ -296,6 +296,7 @@ def _quiet_libraries() -> None:
 
 
 def cmd_train(args: argparse.Namespace) -> int:
+    from lite_verl.config.paths import with_absolute_paths
     from lite_verl.config.validation import check_environment
     from lite_verl.loop import prepare, run_training
     from lite_verl.run.rundir import RunDir, default_run_dir
@@ -308,7 +309,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         return _resume_run(Path(args.resume), args.sets)
     cfg, gpus = _load(args)
     check_environment(cfg)
-    cfg = _check_plan(cfg, gpus)
+    cfg = with_absolute_paths(_check_plan(cfg, gpus))  # RUN/config.yaml means the same from anywhere
     run = RunDir(Path(args.run_dir) if args.run_dir else default_run_dir(cfg.preset, cfg.recipe))
     run.check_new()  # absent or empty, and no other process's
     session = prepare(cfg)  # everything that can fail on bad input fails here, before the run dir exists
@@ -345,11 +346,17 @@ def _resume_run(path: Path, sets: list[str]) -> int:
     run = RunDir(path)
     with run.lock():  # held elsewhere: one line naming the holder, nothing written
         cfg, changes = resume_config(path, sets)
+        ckpt = run.latest_checkpoint(quiet=True)  # the loop warns about a damaged one
+        done = int(ckpt.name.split("_")[-1]) if ckpt else None
+        if done is not None and cfg.trainer.total_steps < done:
+            raise ConfigError(
+                f"--resume {path} --set trainer.total_steps={cfg.trainer.total_steps}: the run is already at step "
+                f"{done}; set trainer.total_steps to {done} or more (nothing was changed)"
+            )
         check_environment(cfg)
         session = prepare(cfg)
         if changes:
-            ckpt = run.latest_checkpoint(quiet=True)  # the loop warns about a damaged one
-            run.append_history(changes, int(ckpt.name.split("_")[-1]) if ckpt else None)
+            run.append_history(changes, done)
         run_training(session, run, resume=True)
     return 0
 

@@ -206,6 +206,12 @@ def test_gsm8k_builtin():
         builtins.make_builtin("gsm8k", {"mode": "loose"})
 
 
+def test_gsm8k_builtin_takes_a_float_column_of_whole_numbers():
+    """A csv/parquet answer column with one empty cell is read as floats (8.0): a right '#### 8' scores."""
+    gsm8k = builtins.make_builtin("gsm8k", {})
+    assert gsm8k(["#### 8", "#### 8", "#### 2.5", "#### 9"], [8.0, 8, 2.5, 8.0]) == [1.0, 1.0, 1.0, 0.0]
+
+
 def test_format_builtin():
     fmt = builtins.make_builtin("format", {})
     texts = ["<think>x</think>\n<answer>4</answer>", "<think>x</think> 4",
@@ -390,3 +396,21 @@ def test_an_isolated_scorer_gets_the_shapes_from_its_worker(user):
         assert scorer.score([row(answer=2)], ["2"]).tolist() == [1.0]
     finally:
         scorer.close()
+
+
+def test_a_reward_module_beside_the_user_and_a_file_importing_its_sibling_load(tmp_path, monkeypatch):
+    """`reward.function=rewards:f` with rewards.py in the working directory (the console script's sys.path
+    lacks it), and `path/rw.py:f` whose rw.py imports a helper next to it, load as Python would."""
+    import sys
+
+    from lite_verl.reward.rules import load_reward_function
+
+    here, there = tmp_path / "here", tmp_path / "there"
+    here.mkdir(), there.mkdir()
+    (here / "lv_beside_rewards.py").write_text("def f(*a, **k):\n    return 1.0\n")
+    (there / "lv_helpers_sibling.py").write_text("BONUS = 2.0\n")
+    (there / "rw_sib.py").write_text("from lv_helpers_sibling import BONUS\n\ndef f(*a, **k):\n    return BONUS\n")
+    monkeypatch.chdir(here)
+    monkeypatch.setattr(sys, "path", [p for p in sys.path if p not in ("", ".", str(here))])
+    assert load_reward_function("lv_beside_rewards:f")() == 1.0
+    assert load_reward_function(f"{there / 'rw_sib.py'}:f")() == 2.0

@@ -222,6 +222,14 @@ def test_resume_refuses_a_change_of_what_the_checkpoint_means(two_steps, tmp_pat
         assert _snapshot(run) == before  # config.yaml as it was, no history, no lock file left
 
 
+def test_resume_to_fewer_steps_than_the_checkpoint_is_refused_and_changes_nothing(two_steps, tmp_path):
+    run = _copy(two_steps, tmp_path)
+    before = _snapshot(run)
+    error = _one_error(cli("train", "--resume", "run", "--set", "trainer.total_steps=1", cwd=tmp_path))
+    assert "the run is already at step 2; set trainer.total_steps to 2 or more" in error
+    assert _snapshot(run) == before  # no history row: `watch` would otherwise show step 2/1
+
+
 def test_resume_with_more_steps_keeps_config_yaml_and_records_the_change(two_steps, tmp_path):
     run = _copy(two_steps, tmp_path)
     original = (run / "config.yaml").read_text()
@@ -277,3 +285,22 @@ def test_checkpoint_problems_are_found_by_reading_only(tmp_path, capsys):
     del legacy["files"]  # a checkpoint written before they listed their files still counts
     (step[0] / "state.json").write_text(json.dumps(legacy))
     assert run.latest_checkpoint(quiet=True) == step[0]
+
+
+def test_a_run_made_with_relative_paths_resumes_from_another_directory(tmp_path):
+    """RUN/config.yaml holds the local paths made absolute (config/paths.py): a data file and a reward file
+    given relative to where `train` ran still resolve when --resume is typed elsewhere."""
+    home, elsewhere = tmp_path / "home", tmp_path / "elsewhere"
+    home.mkdir(), elsewhere.mkdir()
+    rows = [{"prompt": f"Repeat the letter {c}.", "answer": c} for c in "abcdefgh"]
+    (home / "data.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (home / "rw.py").write_text("def score(completions, answer, **kw):\n    return [float(a in c) for c, a in zip(completions, answer)]\n")
+    out = cli("train", "--run-dir", "run", *SETS, "--set", "trainer.total_steps=1", "--set", "data.train_files=[data.jsonl]",
+              "--set", "data.answer_key=answer", "--set", "data.val_split=", "--set", "reward.function=rw.py:score", cwd=home)  # fmt: skip
+    assert out.returncode == 0, out.stderr[-2000:]
+    config = yaml.safe_load((home / "run" / "config.yaml").read_text())
+    assert config["data"]["train_files"] == [str(home / "data.jsonl")]
+    assert config["reward"]["function"] == f"{home / 'rw.py'}:score"
+    out = cli("train", "--resume", "../home/run", "--set", "trainer.total_steps=2", cwd=elsewhere)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert [m["step"] for m in metrics(home / "run") if "reward/mean" in m] == [1, 2]

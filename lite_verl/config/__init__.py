@@ -4,6 +4,7 @@
 
 schema.py     the sections, each key's type, default and help; enumerated keys are Literal types
 convert.py    nested dicts <-> Config with a type check per key; the dotted keys and their help
+paths.py      a run's local paths made absolute, so that RUN/config.yaml means the same from anywhere
 layers.py     defaults < preset < (--preset auto's choices) < --config < --set, resolved by load_config
 validation.py the checks on a whole config, and those on this machine (check_environment)
 presets.py    where the preset files live

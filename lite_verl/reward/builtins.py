@@ -66,9 +66,17 @@ def gsm8k_score(
     answer = gsm8k_extract(solution_str, mode)
     if answer is None:
         return 0.0
-    gold = str(ground_truth)
+    gold = _number_text(ground_truth)
     gold = (gsm8k_extract(gold) or gold) if "####" in gold else gold
     return score if answer == gold.replace(",", "") else format_score
+
+
+def _number_text(ground_truth: Any) -> str:
+    """A ground truth as the text an answer is compared with. A whole float is written as an integer: a csv
+    or parquet column with one empty cell is read as floats (8.0), and '8' must still match it."""
+    if isinstance(ground_truth, float) and ground_truth.is_integer():
+        return str(int(ground_truth))
+    return str(ground_truth)
 
 
 def last_boxed(text: str) -> str | None:

@@ -98,12 +98,14 @@ def load_reward_function(spec: str, key: str = "reward.function") -> RewardFn:
             path = Path(target)
             if not path.is_file():
                 raise RewardError(f"{key}: file {target!r} does not exist")
+            _importable_from(path.resolve().parent)  # its sibling modules, as `python file.py` would see them
             mod_spec = importlib.util.spec_from_file_location(f"lite_verl_user_reward_{path.stem}", path)
             assert mod_spec is not None and mod_spec.loader is not None
             module = importlib.util.module_from_spec(mod_spec)
             sys.modules[mod_spec.name] = module
             mod_spec.loader.exec_module(module)
         else:
+            _importable_from(Path.cwd())  # a module beside the user, as `python -c "import m"` would find it
             module = importlib.import_module(target)
     except RewardError:
         raise
@@ -113,6 +115,13 @@ def load_reward_function(spec: str, key: str = "reward.function") -> RewardFn:
     if not callable(fn):
         raise RewardError(f"{key}: {target!r} has no function {name!r}")
     return fn
+
+
+def _importable_from(folder: Path) -> None:
+    """Puts `folder` on sys.path (once; the `lite-verl` console script's own folder is there instead), last,
+    so that a user's file never shadows an installed package the run imports later."""
+    if str(folder) not in sys.path:
+        sys.path.append(str(folder))
 
 
 def check_value(value: Any, i: int, data_source: str, name: str) -> float:

@@ -165,10 +165,10 @@ def eval_lines(run_dir: Path) -> list[str]:
 def format_table(scores: dict[str, dict[str, float]], k: int) -> str:
     cols = ["prompts", "greedy", "greedy_acc", f"mean@{k}", f"pass@{k}"]
     width = max(12, *(len(n) for n in scores))
-    lines = [f"{'data_source':<{width}}" + "".join(f"{c:>10}" for c in cols)]
+    lines = [f"{'data_source':<{width}}" + "".join(f"{c:>12}" for c in cols)]
     for name, row in scores.items():
         cells = "".join(
-            f"{row.get(c, float('nan')):>10.0f}" if c == "prompts" else f"{row.get(c, float('nan')):>10.4f}"
+            f"{row.get(c, float('nan')):>12.0f}" if c == "prompts" else f"{row.get(c, float('nan')):>12.4f}"
             for c in cols
         )
         lines.append(f"{name:<{width}}{cells}")
