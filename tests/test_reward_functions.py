@@ -409,7 +409,9 @@ def test_a_reward_module_beside_the_user_and_a_file_importing_its_sibling_load(t
     here.mkdir(), there.mkdir()
     (here / "lv_beside_rewards.py").write_text("def f(*a, **k):\n    return 1.0\n")
     (there / "lv_helpers_sibling.py").write_text("BONUS = 2.0\n")
-    (there / "rw_sib.py").write_text("from lv_helpers_sibling import BONUS\n\ndef f(*a, **k):\n    return BONUS\n")
+    (there / "rw_sib.py").write_text(
+        "from lv_helpers_sibling import BONUS\n\ndef f(*a, **k):\n    return BONUS\n"
+    )
     monkeypatch.chdir(here)
     monkeypatch.setattr(sys, "path", [p for p in sys.path if p not in ("", ".", str(here))])
     assert load_reward_function("lv_beside_rewards:f")() == 1.0

@@ -294,7 +294,9 @@ def test_a_run_made_with_relative_paths_resumes_from_another_directory(tmp_path)
     home.mkdir(), elsewhere.mkdir()
     rows = [{"prompt": f"Repeat the letter {c}.", "answer": c} for c in "abcdefgh"]
     (home / "data.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    (home / "rw.py").write_text("def score(completions, answer, **kw):\n    return [float(a in c) for c, a in zip(completions, answer)]\n")
+    (home / "rw.py").write_text(
+        "def score(completions, answer, **kw):\n    return [float(a in c) for c, a in zip(completions, answer)]\n"
+    )
     out = cli("train", "--run-dir", "run", *SETS, "--set", "trainer.total_steps=1", "--set", "data.train_files=[data.jsonl]",
               "--set", "data.answer_key=answer", "--set", "data.val_split=", "--set", "reward.function=rw.py:score", cwd=home)  # fmt: skip
     assert out.returncode == 0, out.stderr[-2000:]

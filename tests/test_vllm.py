@@ -372,7 +372,9 @@ def test_vllm_stops_where_the_rule_says():
     try:
         prompts = session.train_set.token_ids[:6]
         stop = ("a", "e", "o")
-        stopped = session.engine.generate(prompts, SamplingSettings(n=2, max_new_tokens=24, stop=stop), seed=3)
+        stopped = session.engine.generate(
+            prompts, SamplingSettings(n=2, max_new_tokens=24, stop=stop), seed=3
+        )
         free = session.engine.generate(prompts, SamplingSettings(n=2, max_new_tokens=24), seed=3)
         assert check_stopped(stopped, session.tokenizer, stop) >= 6
         assert stopped.response_mask.sum() < free.response_mask.sum()
