@@ -309,7 +309,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         return _resume_run(Path(args.resume), args.sets)
     cfg, gpus = _load(args)
     check_environment(cfg)
-    cfg = with_absolute_paths(_check_plan(cfg, gpus))  # RUN/config.yaml means the same from anywhere
+    cfg = _check_plan(cfg, gpus)
     run = RunDir(Path(args.run_dir) if args.run_dir else default_run_dir(cfg.preset, cfg.recipe))
     run.check_new()  # absent or empty, and no other process's
     session = prepare(cfg)  # everything that can fail on bad input fails here, before the run dir exists
@@ -317,7 +317,9 @@ def cmd_train(args: argparse.Namespace) -> int:
 
     try:
         with StopRequest() as stop:  # a signal while the directory is made is acted on once it is whole
-            lock = run.create(cfg)  # a process that took the directory meanwhile: refused, nothing written
+            # a process that took the directory meanwhile: refused, nothing written. Its config.yaml holds the
+            # local paths absolute, so --resume and eval RUN work from anywhere (errors keep the typed ones)
+            lock = run.create(with_absolute_paths(cfg))
     except BaseException:
         session.close()
         raise
