@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import logging
 import os
 import sys
 import warnings
@@ -283,6 +284,9 @@ def _quiet_libraries() -> None:
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*is deprecated")
+    # bitsandbytes (imported by peft when installed) warns on every CPU import that an optional kernel
+    # package is missing: one line of noise in every command, and in front of our one-line errors
+    logging.getLogger("bitsandbytes").setLevel(logging.ERROR)
     try:
         from huggingface_hub import constants
         from huggingface_hub.utils import enable_progress_bars
