@@ -56,6 +56,12 @@ def key(default: T, help: str, where: bool = False) -> T:
     return cast(T, field(default=default, metadata=meta))
 
 
+def typed_newlines(text: str) -> str:
+    """A typed `\\n` as a newline, in prompt frames and stop strings: a shell's --set cannot hold one, and
+    a prompt never means a backslash-n."""
+    return text.replace("\\n", "\n")
+
+
 @dataclass(frozen=True)
 class ModelConfig:
     path: str = key(
@@ -176,8 +182,7 @@ class RolloutConfig:
 
     @property
     def stop_strings(self) -> tuple[str, ...]:
-        """rollout.stop with a typed \\n as a newline: a shell's --set cannot hold one."""
-        return tuple(s.replace("\\n", "\n") for s in self.stop)
+        return tuple(typed_newlines(s) for s in self.stop)
 
 
 @dataclass(frozen=True)

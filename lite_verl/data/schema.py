@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from lite_verl.config.schema import typed_newlines
 from lite_verl.data.sources import RawRows, load_split
 from lite_verl.errors import DataError
 
@@ -103,7 +104,7 @@ def framed(messages: Iterable[dict[str, str]], system: str, template: str) -> tu
     before a conversation that has none: the same for data files and built-in tasks. A typed `\\n` in
     either is a newline: a shell's --set cannot hold one, and a prompt never means a backslash-n."""
     messages = [dict(m) for m in messages]
-    system, template = system.replace("\\n", "\n"), template.replace("\\n", "\n")
+    system, template = typed_newlines(system), typed_newlines(template)
     if template:
         last = max(i for i, m in enumerate(messages) if m["role"] == "user") if any(
             m["role"] == "user" for m in messages) else len(messages) - 1  # fmt: skip

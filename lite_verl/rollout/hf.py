@@ -153,8 +153,8 @@ class HFRolloutEngine:
             eos_token_id=sorted(self.eos_ids),
             pad_token_id=self.pad_id,
             stopping_criteria=StoppingCriteriaList([scorer]),
-            stop_strings=list(sampling.stop)
-            or None,  # stops early; cut_at_stop decides where a response ends
+            # stops early; cut_at_stop decides where a response ends
+            stop_strings=list(sampling.stop) if sampling.stop else None,
             tokenizer=self.tokenizer if sampling.stop else None,
             return_dict_in_generate=True,
             synced_gpus=self.synced,

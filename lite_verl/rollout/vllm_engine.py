@@ -47,7 +47,11 @@ class RolloutWorkerError(UserError):
 
 class MemoryMoved(RolloutWorkerError):
     """vLLM did not start because another process's GPU memory changed while it measured the free memory
-    (device.vllm_memory_race): worth one more try, in a fresh worker process."""
+    (device.vllm_memory_race): worth one more try, in a fresh worker process. `reason`: the worker's words."""
+
+    def __init__(self, reason: str, where: str = "") -> None:
+        super().__init__(f"{reason}{where}")
+        self.reason = reason
 
 
 def start_retrying_once(start: Callable[[], Any]) -> Any:
@@ -57,7 +61,7 @@ def start_retrying_once(start: Callable[[], Any]) -> Any:
     try:
         return start()
     except MemoryMoved as e:
-        first = str(e).split("; rollout.engine")[0]
+        first = e.reason
     print(f"lite-verl: vLLM start: GPU memory moved while it measured ({first}); retrying once in a new process",
           file=sys.stderr, flush=True)  # fmt: skip
     time.sleep(5)
@@ -143,7 +147,7 @@ class VLLMRolloutEngine:
         status, result, trace = self.conn.recv()
         self._unanswered = None
         if status == "memory moved":
-            raise MemoryMoved(f"{result}; rollout.engine=vllm, rollout.gpus={list(self.rollout.gpus)}")
+            raise MemoryMoved(result, f"; rollout.engine=vllm, rollout.gpus={list(self.rollout.gpus)}")
         if status != "ok":
             if os.environ.get("LITE_VERL_DEBUG"):
                 print(trace, file=sys.stderr)

@@ -106,7 +106,12 @@ def _make_llm(o: WorkerOptions):
         # a prompt split over two scheduler steps rewinds its seeded sampler, which a CPU generator
         # cannot do ("CPU Generator does not use offset"): schedule whole prompts only
         kwargs.update(llm_kwargs(enable_chunked_prefill=False))
-    llm = _start(LLM, kwargs)
+    from lite_verl.device import gpu_start_lock
+
+    # one lite-verl engine starts per GPU at a time: vLLM sizes its KV cache from the free memory it sees (if
+    # another process's memory moves meanwhile, the engine retries in a new worker: vllm_engine.start_retrying_once)
+    with gpu_start_lock():
+        llm = LLM(**kwargs)
     if o.sleep_mode:  # asleep (level 1), vLLM parks each weight tensor in pinned host memory
         from lite_verl.device import pin_host_memory
 
@@ -115,16 +120,6 @@ def _make_llm(o: WorkerOptions):
             "(rollout.sleep_level=2 with merged sync keeps none)"
         )
     return llm
-
-
-def _start(make: Any, kwargs: dict) -> Any:
-    """make(**kwargs) (vLLM's LLM) while no other lite-verl engine starts on these GPUs: vLLM sizes its KV
-    cache from the free memory it sees. (Another process's memory moving meanwhile is retried by the
-    engine, in a new worker process: rollout/vllm_engine.start_retrying_once.)"""
-    from lite_verl.device import gpu_start_lock
-
-    with gpu_start_lock():
-        return make(**kwargs)
 
 
 class _Server:
