@@ -66,6 +66,9 @@ while ! done_all && [ $((SECONDS - start)) -lt "$WAIT_S" ]; do
   echo "[$((SECONDS - start)) s] $(ls /tmp/lite-verl-recipes/*/run/metrics.jsonl 2>/dev/null | while read f; do echo -n "$(basename $(dirname $(dirname $f))):$(wc -l < $f) "; done)"
 done
 cp /tmp/recipes_*.log /tmp/signals.log "$OUT/" 2>/dev/null; grep CHECK /tmp/signals.log
+for f in /tmp/lite-verl-recipes/*/run/metrics.jsonl /tmp/sig/*/metrics.jsonl; do  # #24 item 9: none with cuDNN attention off
+  [ -f "$f" ] && echo "steps skipped (non-finite): $(grep -c '"actor/skipped_step": 1' "$f") of $(grep -c '"actor/skipped_step"' "$f") in $f"
+done
 [ -f /tmp/anomaly.log ] && { grep -v "^INFO\|^(" /tmp/anomaly.log > "$OUT/anomaly.log"; echo "== anomaly: $(cat /tmp/anomaly.rc 2>/dev/null || echo running)";
   grep -E "nan|NaN|non-finite|skipped|Function '|Error" /tmp/anomaly.log | head -8; }
 X=/tmp/recipes_extra; rm -rf $X; mkdir -p $X

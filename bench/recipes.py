@@ -23,7 +23,7 @@ import shlex
 import subprocess
 import sys
 import time
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
 
 from bench.results import append, render, write_curve
@@ -74,6 +74,8 @@ def run_job(job: str, model: str, args: argparse.Namespace) -> dict:
     rows = [json.loads(line) for line in (home / "run" / "metrics.jsonl").read_text().splitlines()]
     out["curve"] = reward_curve([r for r in rows if "reward/mean" in r])
     out["val"] = [(r["step"], r["val/reward_mean"]) for r in rows if "val/reward_mean" in r]
+    # #24 item 9: a step skipped for a non-finite loss or gradient (cuDNN attention's NaN backward on Hopper)
+    out["skipped_steps"] = sum(int(r.get("actor/skipped_step", 0) > 0) for r in rows)
     return out
 
 
@@ -102,6 +104,7 @@ def record(result: dict, args: argparse.Namespace) -> None:
                 )
     s = result["summary"]
     append("recipes", model, settings, f"{recipe}_train_wall_s", result["train_s"], "s", command)
+    append("recipes", model, settings, f"{recipe}_skipped_steps", result["skipped_steps"], "steps", command)
     for key in ("reward_first_10pct", "reward_last_10pct"):
         append("recipes", model, settings, f"{recipe}_{key}", s[key], "reward", command)
     write_curve(
@@ -171,21 +174,24 @@ def main() -> None:
         time.sleep(args.stagger * min(i, args.parallel - 1))  # one engine profiles GPU memory at a time
         return run_job(job, models[job.split(":")[0]], args)
 
-    with ThreadPoolExecutor(max(1, args.parallel)) as pool:
-        futures = {j: pool.submit(start, i, j) for i, j in enumerate(args.jobs)}
     failed = 0
-    for job, f in futures.items():
-        try:
-            result = f.result()
-        except Exception as e:  # noqa: BLE001 - one job failing must not lose the others' figures
-            print(f"{job}: FAILED: {e}")
-            failed += 1
-            continue
-        record(result, args)
-        b, a = result["before"], result["after"]
-        print(f"{job}: greedy accuracy {b['greedy_acc']:.3f} -> {a['greedy_acc']:.3f}, pass@4 {b.get('pass@4', 0):.3f} -> "
-              f"{a.get('pass@4', 0):.3f}, reward {result['summary']['reward_first_10pct']:.3f} -> "
-              f"{result['summary']['reward_last_10pct']:.3f}, val {result['val']}, train {result['train_s']:.0f} s")  # fmt: skip
+    with ThreadPoolExecutor(max(1, args.parallel)) as pool:
+        futures = {pool.submit(start, i, j): j for i, j in enumerate(args.jobs)}
+        for f in as_completed(futures):  # each job recorded as it ends: a cut call keeps the finished ones
+            job = futures[f]
+            try:
+                result = f.result()
+            except Exception as e:  # noqa: BLE001 - one job failing must not lose the others' figures
+                print(f"{job}: FAILED: {e}", flush=True)
+                failed += 1
+                continue
+            record(result, args)
+            render()
+            b, a = result["before"], result["after"]
+            print(f"{job}: greedy accuracy {b['greedy_acc']:.3f} -> {a['greedy_acc']:.3f}, pass@4 {b.get('pass@4', 0):.3f} -> "
+                  f"{a.get('pass@4', 0):.3f}, reward {result['summary']['reward_first_10pct']:.3f} -> "
+                  f"{result['summary']['reward_last_10pct']:.3f}, val {result['val']}, skipped steps "
+                  f"{result['skipped_steps']}, train {result['train_s']:.0f} s", flush=True)  # fmt: skip
     render()
     sys.exit(1 if failed else 0)
 
