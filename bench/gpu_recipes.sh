@@ -65,7 +65,7 @@ while ! done_all && [ $((SECONDS - start)) -lt "$WAIT_S" ]; do
   sleep 15
   echo "[$((SECONDS - start)) s] $(ls /tmp/lite-verl-recipes/*/run/metrics.jsonl 2>/dev/null | while read f; do echo -n "$(basename $(dirname $(dirname $f))):$(wc -l < $f) "; done)"
 done
-cp /tmp/recipes_*.log /tmp/signals.log "$OUT/" 2>/dev/null; grep CHECK /tmp/signals.log
+cp /tmp/recipes_*.log /tmp/signals.log /tmp/sig/*.log "$OUT/" 2>/dev/null; grep -v "INFO\|WARNING\|^(" /tmp/signals.log | tail -25
 for f in /tmp/lite-verl-recipes/*/run/metrics.jsonl /tmp/sig/*/metrics.jsonl; do  # #24 item 9: none with cuDNN attention off
   [ -f "$f" ] && echo "steps skipped (non-finite): $(grep -c '"actor/skipped_step": 1' "$f") of $(grep -c '"actor/skipped_step"' "$f") in $f"
 done

@@ -41,8 +41,9 @@ def lite_verl(args: list[str], log: Path) -> float:
         f.write(f"\n$ lite-verl {shlex.join(args)}\n")
         f.flush()
         done = subprocess.run([sys.executable, "-m", "lite_verl", *args], stdout=f, stderr=subprocess.STDOUT)
-    if done.returncode != 0:
-        raise RuntimeError(f"lite-verl {args[0]} exited {done.returncode}; see {log}")
+    if done.returncode != 0:  # the reason in the call's own output: a cut call may lose the log files
+        said = [ln for ln in log.read_text(errors="replace").splitlines() if ln.strip() and " INFO " not in ln]
+        raise RuntimeError(f"lite-verl {args[0]} exited {done.returncode}; see {log}; it said: {' | '.join(said[-4:])}")
     return time.perf_counter() - start
 
 

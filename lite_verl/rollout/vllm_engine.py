@@ -54,21 +54,27 @@ class MemoryMoved(RolloutWorkerError):
         self.reason = reason
 
 
-def start_retrying_once(start: Callable[[], Any]) -> Any:
-    """start() (a new worker and its first reply); once more when it raised MemoryMoved. The retry is a
-    fresh process because vLLM's sleep-mode allocator serves one engine per process: a second engine in
-    the same one fails ("CuMem allocator can only be used for one instance per process", seen on an H100)."""
-    try:
-        return start()
-    except MemoryMoved as e:
-        first = e.reason
-    print(f"lite-verl: vLLM start: GPU memory moved while it measured ({first}); retrying once in a new process",
-          file=sys.stderr, flush=True)  # fmt: skip
-    time.sleep(5)
-    try:
-        return start()
-    except RolloutWorkerError as e:
-        raise RolloutWorkerError(f"{e} (on a retry; the first start: {first})") from None
+def start_retrying(start: Callable[[], Any], waits_s: tuple[float, ...] = (5.0, 20.0)) -> Any:
+    """start() (a new worker and its first reply); again after each wait of `waits_s` while it raises
+    MemoryMoved: another process on the card (a second run, an `eval`, a sleeping or waking engine) freed or
+    took memory while vLLM measured. Each retry is a fresh process because vLLM's sleep-mode allocator serves
+    one engine per process: a second engine in the same one fails ("CuMem allocator can only be used for one
+    instance per process", seen on an H100)."""
+    first, retries = "", 0
+    while True:
+        try:
+            return start()
+        except RolloutWorkerError as e:
+            if isinstance(e, MemoryMoved) and retries < len(waits_s):
+                first = first or e.reason
+                print(f"lite-verl: vLLM start: GPU memory moved while it measured ({e.reason}); retrying in a "
+                      f"new process in {waits_s[retries]:.0f} s", file=sys.stderr, flush=True)  # fmt: skip
+                time.sleep(waits_s[retries])
+                retries += 1
+                continue
+            if retries == 0:
+                raise
+            raise RolloutWorkerError(f"{e} (after {retries} retries; the first start: {first})") from None
 
 
 class VLLMRolloutEngine:
@@ -121,7 +127,7 @@ class VLLMRolloutEngine:
         self.shm = _adapter_dir()
         self._unanswered: str | None = None  # the request whose reply the controller has not read
         self.proc: Any = None
-        features = start_retrying_once(lambda: self._start_worker(options)) or {}
+        features = start_retrying(lambda: self._start_worker(options)) or {}
         # adapter sync from memory (no file) where this vLLM allows it; LITE_VERL_ADAPTER_FILES=1 forces files
         self.memory_lora = bool(features.get("memory_lora")) and not os.environ.get("LITE_VERL_ADAPTER_FILES")
         self._adapter_buffer: Any = None

@@ -109,7 +109,7 @@ def _make_llm(o: WorkerOptions):
     from lite_verl.device import gpu_start_lock
 
     # one lite-verl engine starts per GPU at a time: vLLM sizes its KV cache from the free memory it sees (if
-    # another process's memory moves meanwhile, the engine retries in a new worker: vllm_engine.start_retrying_once)
+    # another process's memory moves meanwhile, the engine retries in a new worker: vllm_engine.start_retrying)
     with gpu_start_lock():
         llm = LLM(**kwargs)
     if o.sleep_mode:  # asleep (level 1), vLLM parks each weight tensor in pinned host memory
