@@ -42,8 +42,12 @@ def lite_verl(args: list[str], log: Path) -> float:
         f.flush()
         done = subprocess.run([sys.executable, "-m", "lite_verl", *args], stdout=f, stderr=subprocess.STDOUT)
     if done.returncode != 0:  # the reason in the call's own output: a cut call may lose the log files
-        said = [ln for ln in log.read_text(errors="replace").splitlines() if ln.strip() and " INFO " not in ln]
-        raise RuntimeError(f"lite-verl {args[0]} exited {done.returncode}; see {log}; it said: {' | '.join(said[-4:])}")
+        said = [
+            ln for ln in log.read_text(errors="replace").splitlines() if ln.strip() and " INFO " not in ln
+        ]
+        raise RuntimeError(
+            f"lite-verl {args[0]} exited {done.returncode}; see {log}; it said: {' | '.join(said[-4:])}"
+        )
     return time.perf_counter() - start
 
 
@@ -64,7 +68,11 @@ def run_job(job: str, model: str, args: argparse.Namespace) -> dict:
     train = ["train", *flags, "--set", f"model.path={model}", "--set", "trainer.progress=false",
              "--run-dir", str(home / "run")]  # fmt: skip
     after = ["eval", str(home / "run"), "--out", str(home / "after.json")]
-    out: dict = {"job": job, "sets": sets, "commands": [shlex.join(["lite-verl", *c]) for c in (before, train, after)]}
+    out: dict = {
+        "job": job,
+        "sets": sets,
+        "commands": [shlex.join(["lite-verl", *c]) for c in (before, train, after)],
+    }
     out["eval_before_s"] = lite_verl(before, log)
     out["train_s"] = lite_verl(train, log)
     out["eval_after_s"] = lite_verl(after, log)
@@ -148,7 +156,9 @@ def record_partial(folder: Path, hw: str, why: str, command: str) -> None:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--partial", type=Path, help="record the unfinished jobs of this folder (extra.tgz unpacked)")
+    p.add_argument(
+        "--partial", type=Path, help="record the unfinished jobs of this folder (extra.tgz unpacked)"
+    )
     p.add_argument("--hardware", default="", help="with --partial: where they ran")
     p.add_argument("--why", default="", help="with --partial: why they did not finish")
     p.add_argument("--command", default="", help="with --partial: the command that ran them")
