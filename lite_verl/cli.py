@@ -306,9 +306,12 @@ def cmd_train(args: argparse.Namespace) -> int:
     from lite_verl.run.rundir import RunDir, default_run_dir
 
     if args.resume:
-        if args.config or args.run_dir:
+        given = [f for f, v in (("--preset", args.preset), ("--recipe", args.recipe), ("--config", args.config),
+                                ("--run-dir", args.run_dir)) if v]  # fmt: skip
+        if given:  # the run's config.yaml already holds its preset and recipe: another would change its maths
             raise UserError(
-                "--resume takes its config and run directory from RUN_DIR; drop --config/--run-dir"
+                f"--resume takes its preset, recipe, config and run directory from RUN_DIR; drop {'/'.join(given)} "
+                "(--set changes what may change)"
             )
         return _resume_run(Path(args.resume), args.sets)
     cfg, gpus = _load(args)

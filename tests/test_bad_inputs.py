@@ -142,6 +142,7 @@ CASES: dict[str, tuple[list[str], str]] = {
 RESUME_CASES = {
     "resume missing": (["--resume", "nowhere"], "no config.yaml there"),
     "resume without checkpoint": (["--resume", "nockpt"], "holds no complete checkpoint"),
+    "resume with a recipe": (["--resume", "nockpt", "--recipe", "gsm8k"], "drop --recipe (--set changes"),
 }
 
 

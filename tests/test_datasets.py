@@ -272,6 +272,20 @@ def test_skip_bad_rows_counts_them(tmp_path, capsys):
         _rows(replace(MAPPED, train_files=(str(only_bad),), skip_bad_rows=True))
 
 
+def test_skip_bad_rows_skips_lines_that_are_not_json(tmp_path, capsys):
+    """A truncated or garbled jsonl line is skipped and counted too; later rows keep their own line numbers."""
+    path = tmp_path / "garbled.jsonl"
+    lines = [json.dumps(ROWS[0]), "{oops", "", "[1, 2]", json.dumps(ROWS[1]), json.dumps({"question": ""})]
+    path.write_text("\n".join(lines) + "\n")
+    train, _ = _rows(replace(MAPPED, train_files=(str(path),), skip_bad_rows=True))
+    assert [r.ground_truth for r in train] == [ROWS[0]["answer"], ROWS[1]["answer"]]
+    err = capsys.readouterr().err
+    assert "skipped 2 of 5 lines" in err and "garbled.jsonl:2: not valid JSON" in err
+    assert "garbled.jsonl:6: field 'question' is empty" in err  # the row after the skipped lines: its own line
+    with pytest.raises(DataError, match="garbled.jsonl:2: not valid JSON"):  # without the switch: the error
+        _rows(replace(MAPPED, train_files=(str(path),)))
+
+
 def test_no_answer_column_and_data_source_key(tmp_path):
     path = _jsonl(tmp_path / "q.jsonl", ROWS)
     (row, *_), _ = _rows(replace(MAPPED, train_files=(str(path),), answer_key="", data_source="openai/gsm8k"))

@@ -92,7 +92,7 @@ def _held_out(cfg: DataConfig) -> list[PromptRow]:
     rows: list[PromptRow] = []
     for name in cfg.train_files:
         parts = load_split(
-            name, cfg.val_split, cfg.subset, "data.train_files", "data.val_split", required=False
+            name, cfg.val_split, cfg.subset, "data.train_files", "data.val_split", False, cfg.skip_bad_rows
         )
         if parts is not None:
             rows.extend(rows_from(parts, column_keys(cfg), "data.train_files", cfg.skip_bad_rows))

@@ -182,7 +182,7 @@ def load_rows(
     """The rows of `split` of every source in `files`, in order (see sources.py for what a source is)."""
     rows: list[PromptRow] = []
     for name in files:
-        parts = load_split(name, split, subset, what, split_key)
+        parts = load_split(name, split, subset, what, split_key, skip_bad=skip_bad)
         assert parts is not None  # required splits raise instead
         rows.extend(rows_from(parts, keys, what, skip_bad))
     return rows

@@ -21,6 +21,7 @@ import contextlib
 import functools
 import json
 import re
+import sys
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -80,17 +81,19 @@ def is_split_spec(spec: str) -> bool:
 
 
 def load_split(
-    source: str, split: str, subset: str, what: str, split_key: str, required: bool = True
+    source: str, split: str, subset: str, what: str, split_key: str, required: bool = True, skip_bad: bool = False
 ) -> list[RawRows] | None:
     """The rows of `split` of one source, one RawRows per file. `required=False` (the validation split
-    looked up in the training data): None when the source has no such split, instead of an error."""
+    looked up in the training data): None when the source has no such split, instead of an error.
+    `skip_bad` (data.skip_bad_rows): a jsonl line that is not JSON is left out and counted."""
     path = Path(source).expanduser()
     if path.is_file():
-        return _read_split({"train": [path]}, source, split, split_key, required, what)
+        return _read_split({"train": [path]}, source, split, split_key, required, what, skip_bad)
     if path.is_dir():
         if (path / "dataset_dict.json").is_file() or (path / "state.json").is_file():
             return _load_saved(path, source, split, split_key, required, what)
-        return _read_split(_split_files(path, source, subset, what), source, split, split_key, required, what)
+        files = _split_files(path, source, subset, what)
+        return _read_split(files, source, split, split_key, required, what, skip_bad)
     if path.suffix in FORMATS or source.startswith((".", "/", "~")) or not _HUB_ID.fullmatch(source):
         raise DataError(f"{what}: {source!r} does not exist; give {FORMS}")
     return _load_hub(source, split, subset, what, split_key, required)
@@ -125,20 +128,48 @@ def _quiet() -> Iterator[Any]:
             datasets.enable_progress_bars()
 
 
-def _load_file(path: Path, source: str, what: str) -> RawRows:
+def _load_file(path: Path, source: str, what: str, skip_bad: bool = False) -> RawRows:
     """One file of `source` (the file itself, or one file of a directory)."""
     if path.suffix not in FORMATS:
         raise DataError(f"{what}: {str(path)!r} must end in {', '.join(FORMATS)} (or be a directory)")
+    jsonl = path.suffix == ".jsonl"
     with _quiet() as datasets:
         try:
             ds = datasets.load_dataset(FORMATS[path.suffix], data_files=str(path), split="train")
             rows = ds.to_list()  # decodes the text: a file that is not UTF-8 fails here
+            index: Sequence[int] = range(len(ds))
         except Exception as e:  # noqa: BLE001 - pyarrow, pandas and datasets each raise their own types
-            raise _unreadable(path, what, e) from None
+            error = _unreadable(path, what, e)
+            if not (skip_bad and jsonl and " not valid JSON " in str(error)):
+                raise error from None
+            ds, index = _good_json_lines(path, str(error))
+            rows = ds.to_list()
     if not rows:
         raise DataError(f"{what}: {str(path)!r} holds no rows")
-    jsonl = path.suffix == ".jsonl"
-    return RawRows(source, str(path), rows, tuple(ds.column_names), range(len(ds)), jsonl)
+    return RawRows(source, str(path), rows, tuple(ds.column_names), index, jsonl)
+
+
+def _good_json_lines(path: Path, first_error: str) -> tuple[Any, list[int]]:
+    """data.skip_bad_rows on a jsonl file with lines that are not JSON objects: a Dataset of the others (the
+    types inferred by datasets, as for a clean file) and their positions among the non-blank lines."""
+    import datasets
+
+    good, index, total = [], [], 0
+    with path.open(encoding="utf-8") as f:
+        for line in f:
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError:
+                row = None
+            if isinstance(row, dict):
+                good.append(row)
+                index.append(total)
+            total += 1
+    print(f"lite-verl: skipped {total - len(good)} of {total} lines of {str(path)!r} that are not JSON objects "
+          f"(data.skip_bad_rows); the first: {first_error}", file=sys.stderr)  # fmt: skip
+    return datasets.Dataset.from_list(good), index
 
 
 def _unreadable(path: Path, what: str, e: Exception) -> DataError:
@@ -198,14 +229,14 @@ def _slice(parts: list[RawRows], name: str, sl: str) -> list[RawRows]:
 
 
 def _read_split(
-    files: dict[str, list[Path]], source: str, spec: str, key: str, required: bool, what: str
+    files: dict[str, list[Path]], source: str, spec: str, key: str, required: bool, what: str, skip_bad: bool
 ) -> list[RawRows] | None:
     """Read the files of the chosen split one by one, then take its slice."""
     chosen = _choose(list(files), spec, source, key, required)
     if chosen is None:
         return None
     name, sl = chosen
-    parts = [_load_file(f, source, what) for f in files[name]]
+    parts = [_load_file(f, source, what, skip_bad) for f in files[name]]
     return _slice(parts, name, sl) if sl else parts
 
 
