@@ -14,7 +14,9 @@ set -euo pipefail
 [ -f pyproject.toml ] && [ -d lite_verl ] || { echo "run from the root of the lite-verl checkout" >&2; exit 2; }
 SHARED=${SHARED:-../shared}
 GEMMA=${GEMMA:-1}
-CHUNK_MB=60 bash "$SHARED/gpu/stage.sh" "$SHARED/gpu/sets/vllm.txt" gguf==0.19.0
+# datasets (lite-verl reads every data file through it) is not on the machine: without it the gsm8k job's
+# eval failed at its first import on 2026-12-06; the versions of ../shared/gpu/sets/trl.txt, tested there
+CHUNK_MB=60 bash "$SHARED/gpu/stage.sh" "$SHARED/gpu/sets/vllm.txt" gguf==0.19.0 datasets==5.2.0 dill==0.4.1 multiprocess==0.70.19
 
 work=$(mktemp -d); trap 'rm -rf "$work"' EXIT
 mkdir -p "$work/dl" "$work/models/gsm8k"

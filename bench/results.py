@@ -40,7 +40,15 @@ NOTES = {  # what a reader must know about a table that its rows do not say
     "sample of a group equal, so no advantage; completions grew to the 128-token limit). The gsm8k job's eval "
     "before failed in vLLM's memory profiling for the same reason (another process freed memory while it "
     "measured). Since then one lite-verl engine starts per GPU at a time (device.gpu_start_lock) and a start "
-    "disturbed that way is retried once.",
+    "disturbed that way is retried once. "
+    "2026-12-06 (H100, 3224b4f; two recipe jobs at once plus #24's signal runs; vLLM starts retried twice in a new "
+    "process): ARITHMETIC PROVEN end to end through the user's commands: `lite-verl eval` before 0.018 greedy "
+    "accuracy (pass@4 0.006) -> `lite-verl eval RUN` after 0.696 (pass@4 0.756) on the 500 held-out problems, "
+    "368 s of training, 0 skipped steps. SEQUENCE (next term of an arithmetic progression) learns only a little "
+    "in 40 steps: greedy accuracy 0.000 -> 0.018, pass@4 0.00 -> 0.09, reward 0.000 -> 0.111 (mostly the 0.1 "
+    "format credit); a 135M model does not get the arithmetic of the step right: NEGATIVE as a showcase. The "
+    "gsm8k job failed at its first command: the device machine has no `datasets` (lite-verl reads every data "
+    "file through it; built-in tasks do not), which gpu_stage.sh now carries. Gemma was not run (device time).",
     "profile_update": "One GRPO update (bench/profile_update.py) of a random Qwen2.5-1.5B-shaped model on the "
     "H200, the 4090x1 preset's 8 sequences per forward/backward. 2026-12-05 (0f8f221, LoRA under bf16 "
     "autocast): 11.26 s, peak 4.26 GiB: the same as the 11.1 s the issue measured with fp32 adapters, because "
@@ -60,7 +68,15 @@ NOTES = {  # what a reader must know about a table that its rows do not say
     "2026-12-06 (H100, b64a762): the SIGTERM run never reached step 1: its vLLM start met another job's memory "
     "moving, and the in-process retry cannot work with sleep mode (vLLM's CuMem allocator serves one engine per "
     "process). The retry is now a new worker process (rollout/vllm_engine.start_retrying_once); the signal runs "
-    "are to be repeated.",
+    "are to be repeated. "
+    "2026-12-06 (H100, 3224b4f, shared with two recipe jobs): ALL PASS for stop and resume: SIGTERM -> exit 143, "
+    "SIGINT to the group -> exit 130, each with a checkpoint and no process left; `--resume` of the SIGTERM run "
+    "exit 0, and its first resumed step sampled from the trained weights: rollout/logprob_gap_mean 0.02845 on "
+    "step 4 against 0.0283/0.0284/0.0281 on steps 1-3 (the base weights gave 0.35-0.39 before the fix). The "
+    "fourth check (Ctrl-C during the final validation) did not get to its signal: the run failed at a vLLM "
+    "sleep (\"Memory usage increased after sleeping\": vLLM asserts the card's free memory grew, and another "
+    "job allocated meanwhile). The worker now retries that sleep (rollout/vllm_worker._Server.sleep); not yet "
+    "re-run on a GPU.",
     "nonfinite": "#24 item 9, the cause of the skipped steps on a real model: SmolLM2-135M on the arithmetic "
     "recipe (4090x1 preset, bf16) skipped steps 1 and 5 on an H200 (2026-12-05) and step 1 on an H100 "
     "(2026-12-06) with NaN gradients in every layer while the loss and log-probs were finite. Under "
@@ -69,7 +85,8 @@ NOTES = {  # what a reader must know about a table that its rows do not say
     "when the padded length is 64 past a multiple of 128 and a row's log-sum-exp is very negative "
     "(pytorch/pytorch#196678; TRL's DPO hit it too, huggingface/trl#7181): a left-padded prompt row is one. Not "
     "ours, but ours to avoid: every GPU training process now turns cuDNN attention off "
-    "(device.safe_attention_backward); the flash and memory-efficient kernels take over. Not yet re-run on a GPU.",
+    "(device.safe_attention_backward); the flash and memory-efficient kernels take over. Re-run on an H100 on "
+    "2026-12-06 (3224b4f): 0 skipped steps in 88 (arithmetic 40, sequence 40, the signal runs 8).",
     "gguf": "SmolLM2 here is the HF directory `lite-verl import-gguf` made from its Q4_1 GGUF (the machine has no "
     "Hub): the round trip checks the export, not the original bf16 weights. Same-prompt-ids compares the "
     "GGUF's tokenizer (as transformers rebuilds it from the file) with the HF one on the chat-formatted prompts. "

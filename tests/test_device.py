@@ -178,3 +178,39 @@ def test_masked_attention_gradients_are_finite_after_the_switch(cudnn_sdp_restor
     mask = torch.ones(length, length, dtype=torch.bool, device="cuda").tril()[None, None]
     F.scaled_dot_product_attention(q, k, v, attn_mask=mask).sum().backward()
     assert q.grad is not None and bool(torch.isfinite(q.grad).all())
+
+
+def test_vllm_sleep_is_retried_when_another_process_allocated_meanwhile(monkeypatch):
+    """vLLM asserts the card's free memory grew over its sleep; another process allocating meanwhile fails
+    a sleep that happened, unrecorded by vLLM's executor. The worker wakes the weights directly (workers'
+    wake_up) and sleeps again; any other failure, or a race on every try, is raised."""
+    import time
+
+    from lite_verl.rollout.vllm_worker import _Server
+
+    monkeypatch.setattr(time, "sleep", lambda s: None)
+    race = AssertionError("Memory usage increased after sleeping.")
+
+    class LLM:
+        def __init__(self, errors):
+            self.errors, self.calls = errors, []
+
+        def sleep(self, level):
+            self.calls.append(("sleep", level))
+            if self.errors:
+                raise self.errors.pop(0)
+
+        def collective_rpc(self, method, kwargs=None):
+            self.calls.append((method, kwargs))
+
+    llm = LLM([race])
+    _Server(llm).sleep(level=2)
+    assert llm.calls == [("sleep", 2), ("wake_up", {"tags": None}), ("sleep", 2)]
+    llm = LLM([race, race, race])
+    with pytest.raises(AssertionError, match="Memory usage increased"):
+        _Server(llm).sleep()
+    assert [c[0] for c in llm.calls] == ["sleep", "wake_up", "sleep", "wake_up", "sleep"]
+    llm = LLM([AssertionError("something else")])
+    with pytest.raises(AssertionError, match="something else"):
+        _Server(llm).sleep()
+    assert llm.calls == [("sleep", 1)]

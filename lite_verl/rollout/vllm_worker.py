@@ -225,8 +225,22 @@ class _Server:
             )
         reset_prefix_cache(self.llm)
 
-    def sleep(self, level: int = 1) -> None:
-        self.llm.sleep(level=level)
+    def sleep(self, level: int = 1, tries: int = 3) -> None:
+        """Sleep, again after a race: vLLM compares the card's free memory before and after it released its
+        own and asserts it grew ("Memory usage increased after sleeping"), so another process allocating
+        meanwhile (a second run or an `eval` on the card) fails a sleep that has happened, and its executor
+        never records it (a later wake_up would skip the weights). The weights are woken directly through
+        the workers and the sleep retried; a race on every try is raised."""
+        import time
+
+        for left in range(tries - 1, -1, -1):
+            try:
+                return self.llm.sleep(level=level)
+            except AssertionError as e:
+                if "Memory usage increased after sleeping" not in str(e) or not left:
+                    raise
+            self.llm.collective_rpc("wake_up", kwargs={"tags": None})  # the workers' memory, back in place
+            time.sleep(1.0)
 
     def wake(self) -> None:
         self.llm.wake_up()
