@@ -74,7 +74,7 @@ NOTES = {  # what a reader must know about a table that its rows do not say
     "exit 0, and its first resumed step sampled from the trained weights: rollout/logprob_gap_mean 0.02845 on "
     "step 4 against 0.0283/0.0284/0.0281 on steps 1-3 (the base weights gave 0.35-0.39 before the fix). The "
     "fourth check (Ctrl-C during the final validation) did not get to its signal: the run failed at a vLLM "
-    "sleep (\"Memory usage increased after sleeping\": vLLM asserts the card's free memory grew, and another "
+    'sleep ("Memory usage increased after sleeping": vLLM asserts the card\'s free memory grew, and another '
     "job allocated meanwhile). The worker now retries that sleep (rollout/vllm_worker._Server.sleep); not yet "
     "re-run on a GPU.",
     "nonfinite": "#24 item 9, the cause of the skipped steps on a real model: SmolLM2-135M on the arithmetic "

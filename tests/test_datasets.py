@@ -162,7 +162,9 @@ def test_builtin_task_takes_the_system_prompt_and_template(tokenizer):
         {"role": "system", "content": cfg.system_prompt},
         {"role": "user", "content": f"Question: {bare[0].messages[0]['content']}\nAnswer:"},
     )
-    assert val[0].messages[1]["content"].startswith("Question: ") and val[0].messages[1]["content"].endswith("Answer:")
+    assert val[0].messages[1]["content"].startswith("Question: ") and val[0].messages[1]["content"].endswith(
+        "Answer:"
+    )
     sets, _ = load_prompt_sets(cfg, tokenizer, 3)
     text = tokenizer.decode(sets.token_ids[0])
     assert text == f"{cfg.system_prompt}\n\nQuestion: {bare[0].messages[0]['content']}\nAnswer:"
@@ -281,7 +283,9 @@ def test_skip_bad_rows_skips_lines_that_are_not_json(tmp_path, capsys):
     assert [r.ground_truth for r in train] == [ROWS[0]["answer"], ROWS[1]["answer"]]
     err = capsys.readouterr().err
     assert "skipped 2 of 5 lines" in err and "garbled.jsonl:2: not valid JSON" in err
-    assert "garbled.jsonl:6: field 'question' is empty" in err  # the row after the skipped lines: its own line
+    assert (
+        "garbled.jsonl:6: field 'question' is empty" in err
+    )  # the row after the skipped lines: its own line
     with pytest.raises(DataError, match="garbled.jsonl:2: not valid JSON"):  # without the switch: the error
         _rows(replace(MAPPED, train_files=(str(path),)))
 

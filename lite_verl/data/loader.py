@@ -138,7 +138,8 @@ def _framed_task(cfg: DataConfig, rows: list[PromptRow]) -> list[PromptRow]:
     if not cfg.system_prompt and not cfg.prompt_template:
         return rows
     return [
-        dataclasses.replace(r, messages=framed(r.messages, cfg.system_prompt, cfg.prompt_template)) for r in rows
+        dataclasses.replace(r, messages=framed(r.messages, cfg.system_prompt, cfg.prompt_template))
+        for r in rows
     ]
 
 

@@ -81,7 +81,13 @@ def is_split_spec(spec: str) -> bool:
 
 
 def load_split(
-    source: str, split: str, subset: str, what: str, split_key: str, required: bool = True, skip_bad: bool = False
+    source: str,
+    split: str,
+    subset: str,
+    what: str,
+    split_key: str,
+    required: bool = True,
+    skip_bad: bool = False,
 ) -> list[RawRows] | None:
     """The rows of `split` of one source, one RawRows per file. `required=False` (the validation split
     looked up in the training data): None when the source has no such split, instead of an error.
