@@ -113,7 +113,7 @@ CASES: dict[str, tuple[list[str], str]] = {
     "data not json": (["--set", "data.train_files=[notjson.jsonl]"], "notjson.jsonl:1: not valid JSON"),
     "no ground truth": (["--set", "data.train_files=[nogt.jsonl]"], "missing field 'reward_model.ground_truth'"),
     "prompt not a list": (["--set", "data.train_files=[badprompt.jsonl]"], "badprompt.jsonl:1: field 'prompt' must be text or a non-empty list"),
-    "prompt too long": (["--set", "data.train_files=[long.jsonl]"], "more than data.max_prompt_length"),
+    "prompt too long": (["--set", "data.train_files=[long.jsonl]"], "long.jsonl:1: the prompt has"),
     "all prompts dropped": (["--set", "data.train_files=[long.jsonl]", "--set", "data.filter_overlong_prompts=true"],
                             "every prompt is longer"),
     "wrong extension": (["--set", "data.train_files=[data.txt]"], "must end in .jsonl, .json, .parquet, .csv"),

@@ -60,13 +60,16 @@ def encode_prompts(
             )
             ids = tokenizer(text, add_special_tokens=False)["input_ids"]
         else:
-            ids = tokenizer(plain_text(row.messages, f"{what} row {i}"), add_special_tokens=True)["input_ids"]
+            ids = tokenizer(
+                plain_text(row.messages, row.where or f"{what} row {i}"), add_special_tokens=True
+            )["input_ids"]
         if len(ids) > max_len and drop_long:
             continue
         if len(ids) > max_len:
             raise DataError(
-                f"{what} row {i}: the prompt has {len(ids)} tokens, more than data.max_prompt_length="
-                f"{max_len}; raise data.max_prompt_length or set data.filter_overlong_prompts=true"
+                f"{what}: {row.where or f'row {i}'}: the prompt has {len(ids)} tokens, more than "
+                f"data.max_prompt_length={max_len}; raise data.max_prompt_length or set "
+                "data.filter_overlong_prompts=true"
             )
         kept.append(row)
         out.append(ids)

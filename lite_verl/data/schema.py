@@ -39,6 +39,9 @@ class PromptRow:
     # the prompt column held chat messages (TRL's "conversational" format), not text: TRL-shaped reward
     # functions get prompts and completions as messages then, as text otherwise (reward/functions.py)
     conversational: bool = True
+    # where it came from ("train.jsonl:12", "train.parquet row 11"), for errors found later (a long prompt);
+    # '' for built-in tasks. Not part of the row's value.
+    where: str = field(default="", compare=False)
 
     def to_verl(self) -> dict[str, Any]:
         return {
@@ -138,7 +141,7 @@ def parse_row(raw: Any, where: str, keys: ColumnKeys = ColumnKeys(), source: str
     top = keys.prompt if keys.prompt in raw else keys.prompt.split(".")[0]
     columns = {k: v for k, v in raw.items() if k != top}
     conversational = not isinstance(lookup(raw, keys.prompt), str)
-    return PromptRow(messages, data_source, truth, dict(extra or {}), columns, conversational)
+    return PromptRow(messages, data_source, truth, dict(extra or {}), columns, conversational, where)
 
 
 def rows_from(parts: list[RawRows], keys: ColumnKeys, what: str, skip_bad: bool) -> list[PromptRow]:
