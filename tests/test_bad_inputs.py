@@ -22,6 +22,10 @@ ROW = {"prompt": [{"role": "user", "content": "hi"}], "data_source": "lite_verl/
 
 def _files(tmp: Path, tiny_dir: Path) -> None:
     (tmp / "empty.jsonl").write_text("")
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    pq.write_table(pa.table({"prompt": pa.array([], pa.string())}), tmp / "empty.parquet")  # a footer, 0 rows
     (tmp / "notjson.jsonl").write_text("{oops\n")
     (tmp / "nogt.jsonl").write_text(json.dumps({**ROW, "reward_model": {}}) + "\n")
     (tmp / "badprompt.jsonl").write_text(json.dumps({**ROW, "prompt": 5}) + "\n")
@@ -110,6 +114,7 @@ CASES: dict[str, tuple[list[str], str]] = {
     # data
     "data missing": (["--set", "data.train_files=[nope.jsonl]"], "'nope.jsonl' does not exist"),
     "data empty": (["--set", "data.train_files=[empty.jsonl]"], "holds no rows"),
+    "parquet empty": (["--set", "data.train_files=[empty.parquet]"], "'empty.parquet' holds no rows"),
     "data not json": (["--set", "data.train_files=[notjson.jsonl]"], "notjson.jsonl:1: not valid JSON"),
     "no ground truth": (["--set", "data.train_files=[nogt.jsonl]"], "missing field 'reward_model.ground_truth'"),
     "prompt not a list": (["--set", "data.train_files=[badprompt.jsonl]"], "badprompt.jsonl:1: field 'prompt' must be text or a non-empty list"),

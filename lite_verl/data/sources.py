@@ -186,7 +186,11 @@ def _unreadable(path: Path, what: str, e: Exception) -> DataError:
             f"{what}: {str(path)!r} is not UTF-8 text (it holds the byte {bad_text.object[bad_text.start]:#04x}); "
             "re-save it as UTF-8"
         )
-    if path.stat().st_size == 0 or (path.suffix != ".parquet" and not _has_data(path)):
+    if (
+        path.stat().st_size == 0
+        or (path.suffix != ".parquet" and not _has_data(path))
+        or _empty_parquet(path)
+    ):
         return DataError(f"{what}: {str(path)!r} holds no rows")
     if FORMATS[path.suffix] == "json":
         with path.open(encoding="utf-8", errors="replace") as f:
@@ -203,6 +207,18 @@ def _unreadable(path: Path, what: str, e: Exception) -> DataError:
         f"{what}: {str(path)!r} is not a readable {path.suffix[1:]} file ({type(e).__name__}: "
         f"{cause[0] if cause else 'no message'})"
     )
+
+
+def _empty_parquet(path: Path) -> bool:
+    """A parquet file whose footer says it holds no rows (datasets fails on it with a batch-size error)."""
+    if path.suffix != ".parquet":
+        return False
+    try:
+        import pyarrow.parquet as pq
+
+        return pq.ParquetFile(path).metadata.num_rows == 0
+    except Exception:  # noqa: BLE001 - not parquet at all: the generic message says so
+        return False
 
 
 def _has_data(path: Path) -> bool:
