@@ -71,13 +71,32 @@ def test_tasks_are_deterministic_and_val_is_held_out():
         assert default_compute_score(row.data_source, row.extra_info["answer"], row.ground_truth) == 1.0
     sequences = task_rows("sequence", 300, 0, "train")
     assert len({r.messages[0]["content"] for r in sequences}) > 280
-    for row in sequences:  # a progression with a positive next term, its solution worth 1.0, another number 0.1
+    for (
+        row
+    ) in sequences:  # a progression with a positive next term, its solution worth 1.0, another number 0.1
         terms = [int(t) for t in row.messages[0]["content"].split("sequence ")[1].split("?")[0].split(", ")]
         step = terms[1] - terms[0]
         assert all(b - a == step for a, b in zip(terms, terms[1:])) and 2 <= abs(step) <= 15
         assert int(row.ground_truth) == terms[-1] + step >= 1
         assert default_compute_score(row.data_source, row.extra_info["answer"], row.ground_truth) == 1.0
         assert default_compute_score(row.data_source, f"#### {terms[-1]}", row.ground_truth) == 0.0
+    largest = task_rows("largest", 300, 0, "train")
+    assert len({r.messages[0]["content"] for r in largest}) == 300
+    assert not {r.messages[0]["content"] for r in largest} & {
+        r.messages[0]["content"] for r in task_rows("largest", 300, 0, "val")
+    }
+    for row in (
+        largest
+    ):  # 4-6 distinct numbers, the answer their maximum (worth 1.0); the first one 0.1 unless it is the max
+        numbers = [int(t) for t in row.messages[0]["content"].split(": ")[1].split("?")[0].split(", ")]
+        assert (
+            4 <= len(numbers) <= 6
+            and len(set(numbers)) == len(numbers)
+            and int(row.ground_truth) == max(numbers)
+        )
+        assert default_compute_score(row.data_source, row.extra_info["answer"], row.ground_truth) == 1.0
+        wrong = min(numbers)
+        assert default_compute_score(row.data_source, f"so #### {wrong}", row.ground_truth) == 0.0
 
 
 def test_sampler_resumes_in_the_same_order():

@@ -126,7 +126,8 @@ class DataConfig:
         False, "skip rows with a missing or malformed prompt or answer (counted on stderr), not an error"
     )
     task: str = key(
-        "echo", "built-in task when train_files is empty: echo | arithmetic | countdown | sequence (data/tasks.py TASKS)"
+        "echo",
+        "built-in task when train_files is empty: echo | arithmetic | countdown | sequence | largest (data/tasks.py TASKS)",
     )
     task_size: int = key(4096, "number of built-in training prompts generated from trainer.seed")
     val_size: int = key(64, "number of prompts scored at each validation")

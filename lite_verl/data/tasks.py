@@ -26,6 +26,7 @@ ECHO_SOURCE = "lite_verl/echo"
 ARITH_SOURCE = "lite_verl/arithmetic"
 COUNTDOWN_SOURCE = "lite_verl/countdown"
 SEQUENCE_SOURCE = "lite_verl/sequence"
+LARGEST_SOURCE = "lite_verl/largest"
 GSM8K_SUFFIX = 'Let\'s think step by step and output the final answer after "####".'
 
 
@@ -124,9 +125,26 @@ def sequence_rows(n: int, seed: int) -> list[PromptRow]:
     rows = []
     for i in range(n):
         terms, nxt = _sequence_problem(rng)
-        work = f"The step is {terms[1] - terms[0]}: {terms[-1]} + ({terms[1] - terms[0]}) = {nxt}.\n#### {nxt}"
+        work = (
+            f"The step is {terms[1] - terms[0]}: {terms[-1]} + ({terms[1] - terms[0]}) = {nxt}.\n#### {nxt}"
+        )
         q = f"What is the next number in the sequence {', '.join(map(str, terms))}?"
         rows.append(_user_row(f"{q} {GSM8K_SUFFIX}", SEQUENCE_SOURCE, str(nxt), {"index": i, "answer": work}))
+    return rows
+
+
+def largest_rows(n: int, seed: int) -> list[PromptRow]:
+    """The largest of 4 to 6 distinct numbers (1..99) in random order: reading and comparing, no arithmetic
+    (which a 135M model gets wrong too often to learn `sequence`)."""
+    rng = random.Random(f"largest-{seed}")
+    rows = []
+    for i in range(n):
+        numbers = rng.sample(range(1, 100), rng.randint(4, 6))
+        q = f"Which is the largest of these numbers: {', '.join(map(str, numbers))}?"
+        work = f"The largest is {max(numbers)}.\n#### {max(numbers)}"
+        rows.append(
+            _user_row(f"{q} {GSM8K_SUFFIX}", LARGEST_SOURCE, str(max(numbers)), {"index": i, "answer": work})
+        )
     return rows
 
 
@@ -135,6 +153,7 @@ TASKS: dict[str, Callable[[int, int], list[PromptRow]]] = {
     "arithmetic": arithmetic_rows,
     "countdown": countdown_rows,
     "sequence": sequence_rows,
+    "largest": largest_rows,
 }
 
 

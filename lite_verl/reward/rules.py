@@ -21,7 +21,14 @@ from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
-from lite_verl.data.tasks import ARITH_SOURCE, COUNTDOWN_SOURCE, ECHO_LEN, ECHO_SOURCE, SEQUENCE_SOURCE
+from lite_verl.data.tasks import (
+    ARITH_SOURCE,
+    COUNTDOWN_SOURCE,
+    ECHO_LEN,
+    ECHO_SOURCE,
+    LARGEST_SOURCE,
+    SEQUENCE_SOURCE,
+)
 from lite_verl.errors import RewardError
 from lite_verl.reward.builtins import gsm8k_extract, gsm8k_score
 
@@ -75,14 +82,14 @@ def countdown_score(solution_str: str, target: Any, numbers: list[int]) -> float
 def default_compute_score(
     data_source: str, solution_str: str, ground_truth: str, extra_info: dict[str, Any] | None = None
 ) -> float:
-    if data_source in ("openai/gsm8k", ARITH_SOURCE, SEQUENCE_SOURCE):
+    if data_source in ("openai/gsm8k", ARITH_SOURCE, SEQUENCE_SOURCE, LARGEST_SOURCE):
         return gsm8k_score(solution_str, ground_truth)
     if data_source == ECHO_SOURCE:
         return echo_score(solution_str, ground_truth)
     if data_source == COUNTDOWN_SOURCE and extra_info is not None and "numbers" in extra_info:
         return countdown_score(solution_str, ground_truth, extra_info["numbers"])
     raise RewardError(
-        f"no rule reward for data_source {data_source!r} (known: openai/gsm8k, {ARITH_SOURCE}, {SEQUENCE_SOURCE}, {ECHO_SOURCE}, "
+        f"no rule reward for data_source {data_source!r} (known: openai/gsm8k, {ARITH_SOURCE}, {SEQUENCE_SOURCE}, {LARGEST_SOURCE}, {ECHO_SOURCE}, "
         f"{COUNTDOWN_SOURCE} with extra_info.numbers); give your own with reward.function=module:function"
     )
 
