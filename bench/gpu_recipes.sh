@@ -5,7 +5,7 @@
 # the GGUFs and GSM8K in .stage/mK; its header lists the calls), then on the machine:
 #   LITE_VERL_COMMIT=<sha> bash bench/gpu_recipes.sh start   # assemble, import the GGUFs, launch, wait
 #   bash bench/gpu_recipes.sh wait                          # wait more; results when done
-# SmolLM2-135M-Instruct's chain (arithmetic, countdown, gsm8k; 2 jobs at a time) runs; Gemma-3-270M base's
+# SmolLM2-135M-Instruct's chain (gsm8k, largest: the ones not yet measured; 2 jobs at a time) runs; Gemma-3-270M base's
 # (GEMMA_JOBS=gemma:arithmetic) only when asked. Gemma is a base model: its arithmetic job gets a Question/Answer
 # frame with one worked example, no chat template, a stop at the next question and 64 new tokens (BASE_FRAME, unless JOB_SETS is given;
 # greedy accuracy with the frame on 64 prompts on the CPU, 48 tokens and no stop: 0.14; with the chat template on 2026-12-05: 0).
@@ -33,7 +33,7 @@ case "${1:-}" in
     # PARALLEL the jobs of one chain at once (default 2), JOB_SETS per-job settings 'JOB:KEY=VALUE;JOB:KEY=VALUE'
     # (e.g. a base model's prompt template, one job's steps)
     (setsid nohup bash bench/gpu_recipes.sh chain smollm2 SmolLM2-135M-Instruct.Q4_1.gguf \
-       "${SMOLLM2_JOBS-smollm2:arithmetic,smollm2:countdown,smollm2:gsm8k}" > /tmp/recipes_smollm2.log 2>&1; echo $? > /tmp/recipes_smollm2.rc) &
+       "${SMOLLM2_JOBS-smollm2:gsm8k,smollm2:largest}" > /tmp/recipes_smollm2.log 2>&1; echo $? > /tmp/recipes_smollm2.rc) &
     if [ -n "${GEMMA_JOBS-}" ]; then
       (setsid nohup bash bench/gpu_recipes.sh chain gemma gemma-3-270m-q4_k_m.gguf \
          "${GEMMA_JOBS-}" > /tmp/recipes_gemma.log 2>&1; echo $? > /tmp/recipes_gemma.rc) &

@@ -127,7 +127,7 @@ def test_vllm_start_is_retried_in_a_new_process_only_when_another_process_moved_
     full = engine.MemoryMoved("vLLM could not start: ValueError: No available memory for the cache blocks")
     with pytest.raises(
         engine.RolloutWorkerError,
-        match="No available memory.*after 1 retries; the first start: .*Error in memory",
+        match="No available memory.*after 1 retry; the first start: .*Error in memory",
     ):
         engine.start_retrying(workers([race, full]), waits_s=(1,))
     assert len(starts) == 2

@@ -201,9 +201,8 @@ class RewardWorker:
             self._kill()  # answers it may still send belong to this call: never read them as the next one's
             if error is not None:
                 raise error
-            slow = "reward.timeout_s" in (
-                what or ""
-            )  # a timeout's message names the key; others never need it
+            # a timeout's message names the key; other failures never need more time
+            slow = "reward.timeout_s" in (what or "")
             fix = f"fix the function,{' raise reward.timeout_s,' if slow else ''} or set reward.on_error=default"
             raise RewardError(f"{f.spec.label} {what}; {fix}")
         msg = str(error) if error is not None else f"{f.spec.label} {what}"

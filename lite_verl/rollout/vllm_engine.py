@@ -74,7 +74,8 @@ def start_retrying(start: Callable[[], Any], waits_s: tuple[float, ...] = (5.0, 
                 continue
             if retries == 0:
                 raise
-            raise RolloutWorkerError(f"{e} (after {retries} retries; the first start: {first})") from None
+            tries = f"{retries} {'retry' if retries == 1 else 'retries'}"
+            raise RolloutWorkerError(f"{e} (after {tries}; the first start: {first})") from None
 
 
 class VLLMRolloutEngine:
