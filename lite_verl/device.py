@@ -196,6 +196,15 @@ def cpu_kv_space() -> str:
     return os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1")
 
 
+# what vLLM says when another process's GPU memory moved while it measured the card's free memory: at start
+# (its KV cache is sized from it) and when it sleeps (it asserts the free memory grew)
+VLLM_MEMORY_RACES = (
+    "Error in memory profiling",
+    "No available memory for the cache blocks",
+    "Memory usage increased after sleeping",
+)
+
+
 def vllm_memory_race(message: str) -> bool:
-    """vLLM failed to start because another process's GPU memory changed while it measured free memory."""
-    return "Error in memory profiling" in message or "No available memory for the cache blocks" in message
+    """A vLLM failure caused by another process's GPU memory moving while vLLM measured free memory."""
+    return any(race in message for race in VLLM_MEMORY_RACES)

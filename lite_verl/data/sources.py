@@ -146,7 +146,7 @@ def _load_file(path: Path, source: str, what: str, skip_bad: bool = False) -> Ra
             index: Sequence[int] = range(len(ds))
         except Exception as e:  # noqa: BLE001 - pyarrow, pandas and datasets each raise their own types
             error = _unreadable(path, what, e)
-            if not (skip_bad and jsonl and " not valid JSON " in str(error)):
+            if not (skip_bad and isinstance(error, _BadJsonLine)):
                 raise error from None
             ds, index = _good_json_lines(path, str(error))
             rows = ds.to_list()
@@ -178,6 +178,10 @@ def _good_json_lines(path: Path, first_error: str) -> tuple[Any, list[int]]:
     return datasets.Dataset.from_list(good), index
 
 
+class _BadJsonLine(DataError):
+    """A json/jsonl file with a line that is not JSON (data.skip_bad_rows skips such lines)."""
+
+
 def _unreadable(path: Path, what: str, e: Exception) -> DataError:
     """The error for a file datasets could not read: empty, not UTF-8, a bad JSON line (named), or unreadable."""
     bad_text = next((x for x in (e, e.__cause__, e.__context__) if isinstance(x, UnicodeDecodeError)), None)
@@ -192,21 +196,26 @@ def _unreadable(path: Path, what: str, e: Exception) -> DataError:
         or _empty_parquet(path)
     ):
         return DataError(f"{what}: {str(path)!r} holds no rows")
-    if FORMATS[path.suffix] == "json":
-        with path.open(encoding="utf-8", errors="replace") as f:
-            for i, line in enumerate(f, start=1):
-                try:
-                    if line.strip():
-                        json.loads(line)
-                except json.JSONDecodeError as bad:
-                    return DataError(
-                        f"{path}:{i}: not valid JSON ({bad.msg}); each line must be one JSON object"
-                    )
+    bad_line = _first_bad_json_line(path) if FORMATS[path.suffix] == "json" else None
+    if bad_line is not None:
+        return _BadJsonLine(bad_line)
     cause = str(e.__cause__ or e).strip().splitlines()
     return DataError(
         f"{what}: {str(path)!r} is not a readable {path.suffix[1:]} file ({type(e).__name__}: "
         f"{cause[0] if cause else 'no message'})"
     )
+
+
+def _first_bad_json_line(path: Path) -> str | None:
+    """The first line of a json/jsonl file that is not JSON, as "FILE:LINE: not valid JSON (why); ...", or None."""
+    with path.open(encoding="utf-8", errors="replace") as f:
+        for i, line in enumerate(f, start=1):
+            try:
+                if line.strip():
+                    json.loads(line)
+            except json.JSONDecodeError as bad:
+                return f"{path}:{i}: not valid JSON ({bad.msg}); each line must be one JSON object"
+    return None
 
 
 def _empty_parquet(path: Path) -> bool:

@@ -140,11 +140,10 @@ def largest_rows(n: int, seed: int) -> list[PromptRow]:
     rows = []
     for i in range(n):
         numbers = rng.sample(range(1, 100), rng.randint(4, 6))
+        top = max(numbers)
         q = f"Which is the largest of these numbers: {', '.join(map(str, numbers))}?"
-        work = f"The largest is {max(numbers)}.\n#### {max(numbers)}"
-        rows.append(
-            _user_row(f"{q} {GSM8K_SUFFIX}", LARGEST_SOURCE, str(max(numbers)), {"index": i, "answer": work})
-        )
+        work = f"The largest is {top}.\n#### {top}"
+        rows.append(_user_row(f"{q} {GSM8K_SUFFIX}", LARGEST_SOURCE, str(top), {"index": i, "answer": work}))
     return rows
 
 

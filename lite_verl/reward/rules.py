@@ -79,17 +79,21 @@ def countdown_score(solution_str: str, target: Any, numbers: list[int]) -> float
     return 1.0 if right else COUNTDOWN_FORMAT_SCORE
 
 
+# data sources whose answers end in `#### n`, scored by GSM8K's rule
+HASH_ANSWER_SOURCES = ("openai/gsm8k", ARITH_SOURCE, SEQUENCE_SOURCE, LARGEST_SOURCE)
+
+
 def default_compute_score(
     data_source: str, solution_str: str, ground_truth: str, extra_info: dict[str, Any] | None = None
 ) -> float:
-    if data_source in ("openai/gsm8k", ARITH_SOURCE, SEQUENCE_SOURCE, LARGEST_SOURCE):
+    if data_source in HASH_ANSWER_SOURCES:
         return gsm8k_score(solution_str, ground_truth)
     if data_source == ECHO_SOURCE:
         return echo_score(solution_str, ground_truth)
     if data_source == COUNTDOWN_SOURCE and extra_info is not None and "numbers" in extra_info:
         return countdown_score(solution_str, ground_truth, extra_info["numbers"])
     raise RewardError(
-        f"no rule reward for data_source {data_source!r} (known: openai/gsm8k, {ARITH_SOURCE}, {SEQUENCE_SOURCE}, {LARGEST_SOURCE}, {ECHO_SOURCE}, "
+        f"no rule reward for data_source {data_source!r} (known: {', '.join(HASH_ANSWER_SOURCES)}, {ECHO_SOURCE}, "
         f"{COUNTDOWN_SOURCE} with extra_info.numbers); give your own with reward.function=module:function"
     )
 

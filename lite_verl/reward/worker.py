@@ -177,7 +177,7 @@ class RewardWorker:
                 limit = f"reward.timeout_s={self.timeout_s}s" + (" per sample" if f.shape == "trl" else "")
                 why = "died" if not self._proc.is_alive() else f"did not return within {limit}"
                 self._kill()
-                out += self._fail(f, call, f"{why} {where(f, call, samples)}")
+                out += self._fail(f, call, f"{why} {where(f, call, samples)}", timed_out=why != "died")
                 return done
             try:
                 kind, value = self._conn.recv()
@@ -195,15 +195,19 @@ class RewardWorker:
         return len(calls)
 
     def _fail(
-        self, f: RewardFunction, call: Call, what: str | None, error: RewardError | None = None
+        self,
+        f: RewardFunction,
+        call: Call,
+        what: str | None,
+        error: RewardError | None = None,
+        timed_out: bool = False,
     ) -> list[float | None]:
         if self.on_error == "raise":
             self._kill()  # answers it may still send belong to this call: never read them as the next one's
             if error is not None:
                 raise error
-            # a timeout's message names the key; other failures never need more time
-            slow = "reward.timeout_s" in (what or "")
-            fix = f"fix the function,{' raise reward.timeout_s,' if slow else ''} or set reward.on_error=default"
+            more_time = " raise reward.timeout_s," if timed_out else ""  # only a timeout needs more time
+            fix = f"fix the function,{more_time} or set reward.on_error=default"
             raise RewardError(f"{f.spec.label} {what}; {fix}")
         msg = str(error) if error is not None else f"{f.spec.label} {what}"
         print(

@@ -233,11 +233,13 @@ class _Server:
         the workers and the sleep retried; a race on every try is raised."""
         import time
 
+        from lite_verl.device import vllm_memory_race
+
         for left in range(tries - 1, -1, -1):
             try:
                 return self.llm.sleep(level=level)
             except AssertionError as e:
-                if "Memory usage increased after sleeping" not in str(e) or not left:
+                if not vllm_memory_race(str(e)) or not left:
                     raise
             self.llm.collective_rpc("wake_up", kwargs={"tags": None})  # the workers' memory, back in place
             time.sleep(1.0)
@@ -266,7 +268,9 @@ def worker_main(conn, options: WorkerOptions) -> None:  # pragma: no cover - run
     except BaseException as e:  # noqa: BLE001 - report any start-up failure to the controller
         from lite_verl.device import vllm_memory_race
 
-        status = "memory moved" if vllm_memory_race(str(e)) else "error"  # the engine retries it, once
+        status = (
+            "memory moved" if vllm_memory_race(str(e)) else "error"
+        )  # the engine retries it (start_retrying)
         conn.send((status, f"vLLM could not start: {type(e).__name__}: {e}", traceback.format_exc()))
         return
     from lite_verl.rollout.vllm_compat import memory_lora_supported
