@@ -425,14 +425,19 @@ def _check_plan(cfg: Config, gpus: list[Gpu] | None = None) -> Config:
     unless --preset auto already did). -> the config to run (auto made concrete)."""
     from lite_verl.model.load import resolve_model_path
     from lite_verl.tools.auto import card_sizes, check_topology, detect
-    from lite_verl.tools.plan import check_plan, decide_checkpointing, shape_of
+    from lite_verl.tools.plan import check_plan, decide_memory_knobs, shape_of
 
     model_dir = resolve_model_path(cfg.model)
     cpu = not (cfg.rollout.gpus or cfg.train.gpus)  # a CPU run: the host's RAM only
     gpus = [] if cpu else detect() if gpus is None else gpus
     cards = card_sizes(gpus)
-    auto = cfg.train.gradient_checkpointing == "auto"  # the model's shape is read only when it decides
-    cfg = decide_checkpointing(cfg, shape_of(model_dir) if auto else None, cards)
+    t = cfg.train  # the model's shape is read only when something is to decide
+    decides = t.gradient_checkpointing == "auto" or t.grow_micro_batch
+    cfg = decide_memory_knobs(cfg, shape_of(model_dir) if decides else None, cards)
+    if t.grow_micro_batch and cfg.train.micro_batch_size != t.micro_batch_size:
+        print(f"plan: train.micro_batch_size {t.micro_batch_size} -> {cfg.train.micro_batch_size} "
+              f"(train.grow_micro_batch: the plan fits it with room), gradient checkpointing "
+              f"{'on' if cfg.train.checkpointing else 'off'}", file=sys.stderr)  # fmt: skip
     check_plan(cfg, model_dir, cards)
     if not cpu:
         check_topology(cfg, shape_of(model_dir), gpus)
@@ -442,7 +447,7 @@ def _check_plan(cfg: Config, gpus: list[Gpu] | None = None) -> Config:
 def cmd_plan(args: argparse.Namespace) -> int:
     from lite_verl.model.load import resolve_model_path
     from lite_verl.tools.auto import MODEL_SHAPES, card_sizes
-    from lite_verl.tools.plan import decide_checkpointing, format_plan, plan, shape_of
+    from lite_verl.tools.plan import decide_memory_knobs, format_plan, plan, shape_of
 
     shape = None
     if args.model_shape:
@@ -451,7 +456,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
         shape = MODEL_SHAPES[args.model_shape.lower()]
     cfg, gpus = _load(args, shape)
     shape = shape or shape_of(resolve_model_path(cfg.model))
-    cfg = decide_checkpointing(cfg, shape, card_sizes(gpus or []))  # auto: as `train` would decide it
+    cfg = decide_memory_knobs(cfg, shape, card_sizes(gpus or []))  # auto: as `train` would decide it
     print(format_plan(cfg, plan(cfg, shape, card_sizes(gpus or [])), shape))
     return 0
 

@@ -242,3 +242,18 @@ def test_plan_command_with_auto_on_a_fake_4090(capsys, monkeypatch):
     assert "GPU 0 (RTX 4090, 24 GiB, 95% usable): predicted peak" in out and "-- fits" in out
     assert main(["plan", "--preset", "auto", "--model-shape", "9b"]) == 2
     assert "--model-shape 9b: give one of 0.5b, 1.5b" in capsys.readouterr().err
+
+
+def test_plan_command_shows_the_grown_micro_batch(capsys, monkeypatch):
+    """`lite-verl plan` decides train.grow_micro_batch as `train` would: the size it shows is the grown one."""
+    from lite_verl.cli import main
+    from lite_verl.tools import auto, plan
+
+    monkeypatch.setattr(auto, "detect", lambda: RTX4090x1)
+    monkeypatch.setattr(plan, "host_total_gib", lambda: 64.0)
+    sets = ["--set", "rollout.quantization=none"]
+    assert main(["plan", "--preset", "4090x1", "--model-shape", "1.5b", *sets]) == 0
+    assert "train: micro_batch_size 8," in capsys.readouterr().out
+    assert main(["plan", "--preset", "4090x1", "--model-shape", "1.5b", *sets, "--set", "train.grow_micro_batch=true"]) == 0
+    out = capsys.readouterr().out
+    assert "train: micro_batch_size 64," in out and "-- fits" in out

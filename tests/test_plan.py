@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import pytest
 
@@ -268,7 +269,7 @@ def test_auto_checkpointing_is_off_only_where_the_plan_fits_without_it_with_room
     }))  # fmt: skip
     smollm2 = plan_mod.shape_of(tmp_path)
     monkeypatch.setattr(plan_mod, "host_total_gib", lambda: 24.0)
-    decide = plan_mod.decide_checkpointing
+    decide = plan_mod.decide_memory_knobs
     preset = load_config("laptop", None, recipe="arithmetic")
     assert preset.train.gradient_checkpointing == "auto" and preset.train.checkpointing  # undecided: on
     # 16 rows x 384 tokens without checkpointing plan ~21 GiB: inside 90% of 24 GiB, not with room to spare
@@ -301,3 +302,39 @@ def test_auto_checkpointing_is_a_valid_value_and_a_wrong_one_names_the_choices()
         ConfigError, match="train.gradient_checkpointing must be a bool or 'auto', got 'maybe'"
     ):
         load_config("laptop", None, ["train.gradient_checkpointing=maybe"])
+
+
+def test_grow_micro_batch_doubles_while_the_plan_fits_with_room_up_to_a_mini_batch_per_rank(monkeypatch):
+    """train.grow_micro_batch: the largest doubling of train.micro_batch_size the plan fits with room (a
+    1.5B LoRA on a 24 GB card), none where it does not (7B), bounded by one mini-batch's rows per rank;
+    with checkpointing auto the larger micro-batch wins over dropping the recompute."""
+    from lite_verl.tools import plan as plan_mod
+
+    monkeypatch.setattr(plan_mod, "host_total_gib", lambda: 64.0)
+    decide = plan_mod.decide_memory_knobs
+    grow = ["train.grow_micro_batch=true", "rollout.quantization=none"]
+    cfg = load_config("4090x1", None, grow)
+    rows = cfg.trainer.batch_size * cfg.rollout.n
+    small = decide(cfg, QWEN_1_5B, {})
+    size = small.train.micro_batch_size
+    assert 8 < size < rows and small.train.gradient_checkpointing is True  # 16 x 8 rows: 32 or 64 fit
+    assert small.train.grow_micro_batch is False  # decided: the run's config holds the size
+    room = plan_mod.AUTO_MARGIN * plan_mod.USABLE * 24
+    assert all(p.peak_gib <= room for p in plan_mod.plan(small, QWEN_1_5B))
+    double = replace(small, train=replace(small.train, micro_batch_size=2 * size))
+    assert any(p.peak_gib > room for p in plan_mod.plan(double, QWEN_1_5B))  # the largest that fits
+    assert decide(cfg, QWEN_7B, {}).train.micro_batch_size == 8  # the preset's size: no room to grow
+    mini = load_config("4090x1", None, [*grow, f"algorithm.ppo_mini_batch_size={cfg.trainer.batch_size // 4}"])
+    assert decide(mini, QWEN_1_5B, {}).train.micro_batch_size == rows // 4 == 32
+    cards = ",".join(["RTX 4090"] * 8)
+    eight = load_config("4090x1", None, [*grow, "train.gpus=[0,1,2,3,4,5,6,7]", "rollout.gpus=[0,1,2,3,4,5,6,7]",
+                                         f"cost.gpu_models=[{cards}]"])  # fmt: skip
+    assert decide(eight, QWEN_1_5B, {}).train.micro_batch_size == rows // 8  # each rank gets an eighth
+    unchecked = load_config("4090x1", None, [*grow, "trainer.plan_check=false"])
+    assert decide(unchecked, QWEN_1_5B, {}).train.micro_batch_size == 8  # no plan: the configured size
+    assert decide(cfg, None, {}).train.micro_batch_size == 8
+    # checkpointing auto as well: each size without the recompute first, the larger size first
+    both = load_config("4090x1", None, [*grow, "train.gradient_checkpointing=auto"])
+    chosen = decide(both, QWEN_1_5B, {})
+    assert chosen.train.micro_batch_size >= size
+    assert decide(load_config("4090x1", None, []), QWEN_1_5B, {}).train.micro_batch_size == 8  # off: unchanged

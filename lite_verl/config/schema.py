@@ -234,6 +234,13 @@ class TrainConfig:
         "plan fits without it at train.micro_batch_size, on otherwise (decided before loading, written to the run's config)",
         where=True,
     )
+    grow_micro_batch: bool = key(
+        False,
+        "double train.micro_batch_size, up to one mini-batch's rows per training rank, while the memory plan fits "
+        "with room to spare (fewer, larger kernels: a small update is host-bound); decided before loading with "
+        "gradient_checkpointing=auto, written to the run's config",
+        where=True,
+    )
     offload_params: bool = key(
         False,
         "fsdp/deepspeed: weights (and the reference policy) in host memory; fsdp moves gradients and AdamW state with them",
