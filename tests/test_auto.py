@@ -254,6 +254,20 @@ def test_plan_command_shows_the_grown_micro_batch(capsys, monkeypatch):
     sets = ["--set", "rollout.quantization=none"]
     assert main(["plan", "--preset", "4090x1", "--model-shape", "1.5b", *sets]) == 0
     assert "train: micro_batch_size 8," in capsys.readouterr().out
-    assert main(["plan", "--preset", "4090x1", "--model-shape", "1.5b", *sets, "--set", "train.grow_micro_batch=true"]) == 0
+    assert (
+        main(
+            [
+                "plan",
+                "--preset",
+                "4090x1",
+                "--model-shape",
+                "1.5b",
+                *sets,
+                "--set",
+                "train.grow_micro_batch=true",
+            ]
+        )
+        == 0
+    )
     out = capsys.readouterr().out
     assert "train: micro_batch_size 64," in out and "-- fits" in out

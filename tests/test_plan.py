@@ -324,7 +324,9 @@ def test_grow_micro_batch_doubles_while_the_plan_fits_with_room_up_to_a_mini_bat
     double = replace(small, train=replace(small.train, micro_batch_size=2 * size))
     assert any(p.peak_gib > room for p in plan_mod.plan(double, QWEN_1_5B))  # the largest that fits
     assert decide(cfg, QWEN_7B, {}).train.micro_batch_size == 8  # the preset's size: no room to grow
-    mini = load_config("4090x1", None, [*grow, f"algorithm.ppo_mini_batch_size={cfg.trainer.batch_size // 4}"])
+    mini = load_config(
+        "4090x1", None, [*grow, f"algorithm.ppo_mini_batch_size={cfg.trainer.batch_size // 4}"]
+    )
     assert decide(mini, QWEN_1_5B, {}).train.micro_batch_size == rows // 4 == 32
     cards = ",".join(["RTX 4090"] * 8)
     eight = load_config("4090x1", None, [*grow, "train.gpus=[0,1,2,3,4,5,6,7]", "rollout.gpus=[0,1,2,3,4,5,6,7]",
@@ -337,4 +339,6 @@ def test_grow_micro_batch_doubles_while_the_plan_fits_with_room_up_to_a_mini_bat
     both = load_config("4090x1", None, [*grow, "train.gradient_checkpointing=auto"])
     chosen = decide(both, QWEN_1_5B, {})
     assert chosen.train.micro_batch_size >= size
-    assert decide(load_config("4090x1", None, []), QWEN_1_5B, {}).train.micro_batch_size == 8  # off: unchanged
+    assert (
+        decide(load_config("4090x1", None, []), QWEN_1_5B, {}).train.micro_batch_size == 8
+    )  # off: unchanged

@@ -378,9 +378,7 @@ def shape_of(model_dir: Path) -> Shape:
     return Shape.from_config(json.loads((Path(model_dir) / "config.json").read_text()))
 
 
-def decide_memory_knobs(
-    cfg: Config, shape: Shape | None, cards: Mapping[str, float] | None = None
-) -> Config:
+def decide_memory_knobs(cfg: Config, shape: Shape | None, cards: Mapping[str, float] | None = None) -> Config:
     """train.gradient_checkpointing=auto and train.grow_micro_batch made concrete, before loading.
 
     Checkpointing auto: off where every card of the plan and the host's RAM fit without it with room to
