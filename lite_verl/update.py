@@ -300,6 +300,10 @@ def run_update(
         # a follower's figure covers one update, as rank 0's (reset by loop.py) covers one step
         if ranks.rank:
             torch.cuda.reset_peak_memory_stats(device)
+    if cfg.hybrid and device.type == "cuda":
+        # the update's activations go back to the driver before vLLM wakes: torch's allocator would keep
+        # them cached, and the card would hold them and vLLM's KV cache at once (the device-wide peak)
+        torch.cuda.empty_cache()
     return metrics
 
 

@@ -8,7 +8,7 @@ from dataclasses import replace
 import pytest
 
 from lite_verl.config import load_config
-from lite_verl.errors import ConfigError
+from lite_verl.errors import ConfigError, UserError
 from lite_verl.tools.plan import GATHERED, GIB, REDUCE, Shape, check_plan, plan, train_parts
 
 QWEN_1_5B = Shape(hidden=1536, intermediate=8960, layers=28, heads=12, kv_heads=2, vocab=151936, tied=True)
@@ -342,3 +342,67 @@ def test_grow_micro_batch_doubles_while_the_plan_fits_with_room_up_to_a_mini_bat
     assert (
         decide(load_config("4090x1", None, []), QWEN_1_5B, {}).train.micro_batch_size == 8
     )  # off: unchanged
+
+
+def test_kv_cache_auto_sizes_vllm_to_one_rollout_and_the_plan_adds_its_parts(monkeypatch):
+    """rollout.kv_cache_gib=auto: the KV of one rollout's rows at the full length (by hand for a 1.5B), and
+    the plan's vLLM part is weights + cache + working memory, not a fraction of the card."""
+    from lite_verl.tools import plan as plan_mod
+
+    cfg = load_config("4090x1", None, ["rollout.kv_cache_gib=auto", "rollout.quantization=none"])
+    rows, length = cfg.trainer.batch_size * cfg.rollout.n, cfg.full_length
+    per_token = 28 * 2 * 2 * 128 * 2  # layers x (k, v) x kv heads x head size x bf16
+    kv = plan_mod.kv_cache_gib(cfg, QWEN_1_5B)
+    assert kv == pytest.approx(rows * length * per_token * plan_mod.KV_MARGIN / 2**30)
+    need = plan_mod.vllm_need_gib(cfg, QWEN_1_5B)
+    assert kv + plan_mod.served_weights_gib(cfg, QWEN_1_5B) < need < 0.3 * 24  # below the preset's 0.35
+    (p,) = plan_mod.plan(cfg, QWEN_1_5B)
+    assert p.parts["vLLM (weights + kv_cache_gib + working memory)"] == pytest.approx(need)
+    (fraction,) = plan_mod.plan(load_config("4090x1", None, ["rollout.quantization=none"]), QWEN_1_5B)
+    assert p.peak_gib < fraction.peak_gib
+    given = load_config("4090x1", None, ["rollout.kv_cache_gib=2.5"])
+    assert plan_mod.kv_cache_gib(given, QWEN_1_5B) == 2.5
+    assert plan_mod.kv_cache_gib(load_config("4090x1"), QWEN_1_5B) == 0  # gpu_memory_utilization decides
+    # Gemma 3's head size is config.json's head_dim, not hidden / heads
+    gemma = plan_mod.Shape.from_config({"hidden_size": 640, "intermediate_size": 2048, "num_hidden_layers": 18,
+                                        "num_attention_heads": 4, "num_key_value_heads": 1, "head_dim": 256,
+                                        "vocab_size": 262144, "tie_word_embeddings": True})  # fmt: skip
+    assert gemma.kv_bytes_per_token(2) == 18 * 2 * 1 * 256 * 2
+
+
+def test_kv_cache_gib_bad_values_and_a_cpu_rollout_are_refused():
+    with pytest.raises(ConfigError, match=r"rollout.kv_cache_gib=-1.0 must be >= 0 \(GiB\) or auto"):
+        load_config("4090x1", None, ["rollout.kv_cache_gib=-1"])
+    with pytest.raises(ConfigError, match="rollout.kv_cache_gib must be a float or 'auto'"):
+        load_config("4090x1", None, ["rollout.kv_cache_gib=lots"])
+    with pytest.raises(ConfigError, match="runs on the CPU or without vLLM: drop it"):
+        load_config("laptop", None, ["rollout.kv_cache_gib=auto"])
+
+
+def test_the_vllm_worker_gets_the_planned_cache_and_utilization(monkeypatch, tmp_path):
+    """worker_options: kv_cache_gib unset keeps gpu_memory_utilization; set, vLLM gets the cache in bytes and
+    the plan's fraction of the card (a fake 24 GiB CUDA card here); too much for the card is one clear error."""
+    import torch
+
+    from lite_verl.rollout import vllm_start
+
+    (tmp_path / "config.json").write_text(json.dumps({
+        "hidden_size": 1536, "intermediate_size": 8960, "num_hidden_layers": 28, "num_attention_heads": 12,
+        "num_key_value_heads": 2, "vocab_size": 151936, "tie_word_embeddings": True,
+    }))  # fmt: skip
+    plain = load_config("4090x1", None, ["rollout.quantization=none"])
+    assert vllm_start._kv_cache(plain, tmp_path) == (0, plain.rollout.gpu_memory_utilization)
+
+    class Props:
+        total_memory = 24 * 2**30
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda i: Props())
+    cfg = load_config("4090x1", None, ["rollout.quantization=none", "rollout.kv_cache_gib=3"])
+    kv_bytes, fraction = vllm_start._kv_cache(cfg, tmp_path)
+    assert kv_bytes == 3 * 2**30 and 3 / 24 < fraction < 0.35
+    huge = load_config("4090x1", None, ["rollout.quantization=none", "rollout.kv_cache_gib=30"])
+    with pytest.raises(
+        UserError, match="vLLM would need ~3.* GiB of GPU 0's 24 GiB; lower rollout.kv_cache_gib"
+    ):
+        vllm_start._kv_cache(huge, tmp_path)

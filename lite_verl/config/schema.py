@@ -37,6 +37,7 @@ OnError = Literal["raise", "default"]
 Logger = Literal["console", "jsonl", "tensorboard", "wandb", "mlflow", "trackio"]
 SyncMode = Literal["adapter", "merged"]
 Checkpointing = bool | Literal["auto"]  # train.gradient_checkpointing; auto: decided by the memory plan
+KvCache = float | Literal["auto"]  # rollout.kv_cache_gib; auto: sized to one rollout by the memory plan
 
 BACKENDS: tuple[Backend, ...] = get_args(Backend)
 # full fine-tuning (train/full.py): every weight trains; TrainConfig.full_finetune says whether a config does
@@ -156,6 +157,14 @@ class RolloutConfig:
     )
     gpus: tuple[int, ...] = key((), "local GPU ids for rollout; empty = CPU", where=True)
     gpu_memory_utilization: float = key(0.5, "vLLM: fraction of each rollout GPU it may take", where=True)
+    kv_cache_gib: KvCache = key(
+        0.0,
+        "vLLM on GPUs: its KV cache per GPU in GiB, reserved as given (vLLM's kv_cache_memory_bytes: no memory "
+        "profiling, so other processes on the card cannot disturb its start, and gpu_memory_utilization is "
+        "then sized by the plan); auto: what one rollout holds at once (trainer.batch_size x rollout.n rows of "
+        "the full length) with a margin; 0 = what gpu_memory_utilization leaves after weights and activations",
+        where=True,
+    )
     quantization: Quantization = key(
         "none", "weights the rollout engine serves (awq: 4-bit, vLLM only)", where=True
     )
@@ -442,6 +451,12 @@ class Config:
     def full_length(self) -> int:
         """The longest sequence a run generates and trains on: the prompt limit plus the response limit."""
         return self.data.max_prompt_length + self.rollout.max_new_tokens
+
+    @property
+    def hybrid(self) -> bool:
+        """The hybrid engine: vLLM on the training GPUs, asleep during each update (rollout.colocate)."""
+        r = self.rollout
+        return r.engine == "vllm" and r.colocate and bool(r.gpus) and r.gpus == self.train.gpus
 
     @property
     def reward_gpus(self) -> tuple[int, ...]:

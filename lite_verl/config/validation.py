@@ -123,6 +123,13 @@ def _check_rollout(cfg: Config) -> None:
     _positive("rollout.max_new_tokens", r.max_new_tokens)
     if not 0 < r.gpu_memory_utilization <= 1:
         raise ConfigError(f"rollout.gpu_memory_utilization={r.gpu_memory_utilization} must be in (0, 1]")
+    if r.kv_cache_gib != "auto" and r.kv_cache_gib < 0:
+        raise ConfigError(f"rollout.kv_cache_gib={r.kv_cache_gib} must be >= 0 (GiB) or auto")
+    if r.kv_cache_gib and not (r.engine == "vllm" and r.gpus):
+        raise ConfigError(
+            f"rollout.kv_cache_gib={r.kv_cache_gib} sizes vLLM's cache on a GPU; this rollout runs on the "
+            "CPU or without vLLM: drop it (vLLM on the CPU takes VLLM_CPU_KVCACHE_SPACE)"
+        )
 
 
 def _check_staleness(cfg: Config) -> None:

@@ -32,10 +32,11 @@ def worker_options(cfg: Config, model_path: Path, colocated: bool) -> WorkerOpti
         awq_copy = _awq_copy(cfg.sync.mode, r.gpus)
         _check_cpu_awq(r.gpus)
         dtype = "float16" if r.gpus else "bfloat16"  # AWQ kernels: fp16 (GPU), bf16 (CPU)
+    kv_bytes, utilization = _kv_cache(cfg, model_path)
     return WorkerOptions(
         model=str(model_path),
         dtype=dtype,
-        gpu_memory_utilization=r.gpu_memory_utilization,
+        gpu_memory_utilization=utilization,
         max_model_len=cfg.full_length,
         max_lora_rank=_lora_rank_slot(cfg.train.lora_rank) if cfg.sync.mode == "adapter" else 0,
         enforce_eager=r.enforce_eager,
@@ -44,7 +45,28 @@ def worker_options(cfg: Config, model_path: Path, colocated: bool) -> WorkerOpti
         quantization=_awq_kernel(r.quantization, bool(r.gpus), awq_copy),
         fp32_lm_head=cfg.model.fp32_lm_head and dtype != "float32",
         tensor_parallel_size=max(len(r.gpus), 1),
+        kv_cache_bytes=kv_bytes,
     )
+
+
+def _kv_cache(cfg: Config, model_path: Path) -> tuple[int, float]:
+    """(vLLM's kv_cache_memory_bytes, its gpu_memory_utilization). rollout.kv_cache_gib set: the cache as the
+    plan sizes it, and the fraction of the card the plan's vLLM parts add up to (vLLM checks at start that
+    this much is free; it reserves the cache without profiling). Unset: (0, rollout.gpu_memory_utilization)."""
+    from lite_verl.tools.plan import GIB, kv_cache_gib, shape_of, vllm_need_gib
+
+    r = cfg.rollout
+    if not r.kv_cache_gib or not r.gpus or not torch.cuda.is_available():
+        return 0, r.gpu_memory_utilization
+    shape = shape_of(model_path)
+    card = torch.cuda.get_device_properties(r.gpus[0]).total_memory / GIB
+    need = vllm_need_gib(cfg, shape)
+    if need > 0.95 * card:
+        raise UserError(
+            f"rollout.kv_cache_gib: vLLM would need ~{need:.1f} GiB of GPU {r.gpus[0]}'s {card:.0f} GiB; "
+            "lower rollout.kv_cache_gib, trainer.batch_size or rollout.max_new_tokens"
+        )
+    return int(kv_cache_gib(cfg, shape) * GIB), need / card
 
 
 def _awq_copy(mode: str, gpus: tuple[int, ...]) -> bool:

@@ -73,6 +73,9 @@ class WorkerOptions:
     quantization: str | None = None
     fp32_lm_head: bool = False
     tensor_parallel_size: int = 1
+    kv_cache_bytes: int = (
+        0  # rollout.kv_cache_gib: reserved as given (gpu_memory_utilization then plan-sized)
+    )
 
 
 def _make_llm(o: WorkerOptions):
@@ -97,6 +100,7 @@ def _make_llm(o: WorkerOptions):
         quantization=o.quantization,
         enable_prefix_caching=True,
         **(fp32_lm_head() if o.fp32_lm_head else {}),
+        **({"kv_cache_memory_bytes": o.kv_cache_bytes} if o.kv_cache_bytes else {}),
     )
     if o.max_lora_rank == 0:
         kwargs = {k: v for k, v in kwargs.items() if k not in ("max_lora_rank", "max_loras")}

@@ -57,16 +57,26 @@ class Shape:
     kv_heads: int
     vocab: int
     tied: bool
+    head_dim: int = 0  # config.json's head_dim where it is not hidden / heads (Gemma 3); 0: hidden / heads
 
     @classmethod
     def from_config(cls, config: dict) -> Shape:
         return cls(config["hidden_size"], config["intermediate_size"], config["num_hidden_layers"],
                    config["num_attention_heads"], config.get("num_key_value_heads", config["num_attention_heads"]),
-                   config["vocab_size"], bool(config.get("tie_word_embeddings", False)))  # fmt: skip
+                   config["vocab_size"], bool(config.get("tie_word_embeddings", False)),
+                   int(config.get("head_dim") or 0))  # fmt: skip
+
+    @property
+    def head_size(self) -> int:
+        return self.head_dim or self.hidden // self.heads
+
+    def kv_bytes_per_token(self, dtype_bytes: int) -> int:
+        """One token's keys and values over all layers."""
+        return self.layers * 2 * self.kv_heads * self.head_size * dtype_bytes
 
     def linears(self) -> dict[str, tuple[int, int]]:
         """(in, out) of each decoder linear layer kind."""
-        h, hd = self.hidden, self.hidden // self.heads
+        h, hd = self.hidden, self.head_size
         return {"q_proj": (h, self.heads * hd), "k_proj": (h, self.kv_heads * hd), "v_proj": (h, self.kv_heads * hd),
                 "o_proj": (self.heads * hd, h), "gate_proj": (h, self.intermediate), "up_proj": (h, self.intermediate),
                 "down_proj": (self.intermediate, h)}  # fmt: skip
@@ -80,7 +90,7 @@ class Shape:
         layer, this count 15,744; the older 17 h (Korthikanti et al.'s GPT MLP of 4 h) was half of it.
         A CPU trainer adds the attention scores (train_parts): padded rows, 4 per micro-batch, took ~100 KB per
         token and layer there, not ~60."""
-        kv = self.kv_heads * (self.hidden // self.heads)
+        kv = self.kv_heads * self.head_size
         return 16 * self.hidden + 2 * kv + 4 * self.intermediate
 
     def linear_params(self) -> int:
@@ -218,9 +228,13 @@ def plan(cfg: Config, shape: Shape, cards: Mapping[str, float] | None = None) ->
             dynamic += max(during, tp.get(REDUCE, 0.0))
         vllm = served = 0.0
         if g in cfg.rollout.gpus and cfg.rollout.engine == "vllm":
-            vllm = cfg.rollout.gpu_memory_utilization * card  # vLLM's own CUDA context is inside it
-            parts["vLLM (gpu_memory_utilization)"] = vllm
             served = served_weights_gib(cfg, shape) / max(len(cfg.rollout.gpus), 1)
+            if kv_cache_gib(cfg, shape):  # an exact KV cache: vLLM's parts add up
+                vllm = vllm_need_gib(cfg, shape)
+                parts["vLLM (weights + kv_cache_gib + working memory)"] = vllm
+            else:
+                vllm = cfg.rollout.gpu_memory_utilization * card  # vLLM's own CUDA context is inside it
+                parts["vLLM (gpu_memory_utilization)"] = vllm
         if g in cfg.train.gpus:
             parts["runtime overhead"] = OVERHEAD_GIB
         sleeps = cfg.rollout.colocate and g in cfg.rollout.gpus and g in cfg.train.gpus
@@ -314,6 +328,38 @@ def served_weights_gib(cfg: Config, shape: Shape) -> float:
         per = 0.5 + 2 * 2 / cfg.rollout.awq_group_size
         return (shape.linear_params() * per + shape.embedding_params() * 2) / GIB
     return (shape.linear_params() + shape.embedding_params()) * BYTES.get(cfg.model.dtype, 2) / GIB
+
+
+# rollout.kv_cache_gib: vLLM's parts besides weights and KV cache. ESTIMATES, not yet measured on a GPU
+KV_MARGIN = 1.15  # each row's KV is whole blocks of 16 tokens; prefix caching keeps finished rows' blocks
+VLLM_CONTEXT_GIB = 0.75  # the vLLM process's CUDA context, cuBLAS/attention workspaces, sampler buffers
+VLLM_GRAPHS_GIB = 0.5  # CUDA graphs (rollout.enforce_eager=false)
+VLLM_BATCHED_TOKENS = 8192  # tokens of one vLLM forward at most (its max_num_batched_tokens, ~default)
+
+
+def kv_cache_gib(cfg: Config, shape: Shape) -> float:
+    """rollout.kv_cache_gib per GPU: as given, or (auto) one rollout's rows at the full length, all at
+    once, with KV_MARGIN; 0 where gpu_memory_utilization decides."""
+    r = cfg.rollout
+    if r.kv_cache_gib != "auto":
+        return float(r.kv_cache_gib)
+    rows = cfg.trainer.batch_size * r.n
+    b = 4 if cfg.model.dtype == "float32" else 2  # vLLM's KV in its serving dtype (AWQ: fp16)
+    per_gpu = rows * cfg.full_length * shape.kv_bytes_per_token(b) * KV_MARGIN / max(len(r.gpus), 1)
+    return max(per_gpu / GIB, 0.25)
+
+
+def vllm_need_gib(cfg: Config, shape: Shape) -> float:
+    """vLLM's memory per GPU with an exact KV cache: its weights, the cache, one forward's working memory
+    (VLLM_BATCHED_TOKENS tokens through the widest layer; the sampled rows' fp32 logits), CUDA graphs and
+    its process's context. What it starts with as gpu_memory_utilization (of the card it finds)."""
+    r, tp = cfg.rollout, max(len(cfg.rollout.gpus), 1)
+    rows = min(cfg.trainer.batch_size * r.n, 1024)  # decoded together at most (vLLM's max_num_seqs)
+    forward = VLLM_BATCHED_TOKENS * (4 * shape.hidden + 3 * shape.intermediate / tp) * 2
+    logits = rows * shape.vocab * 4 * 3  # logits, their log-softmax and the processed copy
+    graphs = 0.0 if r.enforce_eager else VLLM_GRAPHS_GIB
+    work = (forward + logits) / GIB + graphs + VLLM_CONTEXT_GIB
+    return served_weights_gib(cfg, shape) / tp + kv_cache_gib(cfg, shape) + work
 
 
 def knob(cfg: Config, p: GpuPlan) -> str:
