@@ -363,6 +363,7 @@ def _resume_run(path: Path, sets: list[str]) -> int:
                 f"{done}; set trainer.total_steps to {done} or more (nothing was changed)"
             )
         check_environment(cfg)
+        cfg = _check_plan(cfg)  # this machine's plan; a --set gradient_checkpointing=auto is decided here
         session = prepare(cfg)
         if changes:
             run.append_history(changes, done)
@@ -433,7 +434,8 @@ def _check_plan(cfg: Config, gpus: list[Gpu] | None = None) -> Config:
     cards = card_sizes(gpus)
     t = cfg.train  # the model's shape is read only when something is to decide
     decides = t.gradient_checkpointing == "auto" or t.grow_micro_batch
-    cfg = decide_memory_knobs(cfg, shape_of(model_dir) if decides else None, cards)
+    free = {g.id: g.free_gib for g in gpus}
+    cfg = decide_memory_knobs(cfg, shape_of(model_dir) if decides else None, cards, free)
     if t.grow_micro_batch and cfg.train.micro_batch_size != t.micro_batch_size:
         print(f"plan: train.micro_batch_size {t.micro_batch_size} -> {cfg.train.micro_batch_size} "
               f"(train.grow_micro_batch: the plan fits it with room), gradient checkpointing "

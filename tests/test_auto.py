@@ -271,3 +271,15 @@ def test_plan_command_shows_the_grown_micro_batch(capsys, monkeypatch):
     )
     out = capsys.readouterr().out
     assert "train: micro_batch_size 64," in out and "-- fits" in out
+
+
+def test_auto_with_grow_micro_batch_lets_the_plan_choose_checkpointing_for_more_rows(monkeypatch):
+    """--preset auto drops checkpointing as soon as a run fits; with train.grow_micro_batch the choice goes
+    back to the plan (auto), which may keep it for a larger micro-batch."""
+    from lite_verl.tools import auto, plan
+
+    monkeypatch.setattr(plan, "host_total_gib", lambda: 64.0)
+    choice = auto.choose(RTX4090x1, None, ["train.grow_micro_batch=true"], QWEN_1_5B)
+    assert choice.cfg.train.gradient_checkpointing == "auto"
+    decided = plan.decide_memory_knobs(choice.cfg, QWEN_1_5B, auto.card_sizes(RTX4090x1))
+    assert decided.train.micro_batch_size > choice.cfg.train.micro_batch_size

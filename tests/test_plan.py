@@ -406,3 +406,34 @@ def test_the_vllm_worker_gets_the_planned_cache_and_utilization(monkeypatch, tmp
         UserError, match="vLLM would need ~3.* GiB of GPU 0's 24 GiB; lower rollout.kv_cache_gib"
     ):
         vllm_start._kv_cache(huge, tmp_path)
+
+
+def test_an_exact_kv_cache_has_no_budget_to_fit_and_its_knob_is_named(monkeypatch):
+    """With rollout.kv_cache_gib vLLM's parts add up, so no weights-in-budget rule applies (a large model
+    with a small cache fits where its weights do); over the card, the advice names kv_cache_gib; past the
+    KV heads' count, more rollout GPUs replicate the cache instead of sharding it."""
+    from lite_verl.tools import plan as plan_mod
+
+    cfg = load_config("4090x1", None, ["rollout.quantization=none", "rollout.kv_cache_gib=0.5"])
+    (p,) = plan_mod.plan(cfg, QWEN_1_5B)
+    assert p.vllm_budget_gib == 0 and p.fits
+    huge = replace(cfg, rollout=replace(cfg.rollout, kv_cache_gib=30.0))
+    (big,) = plan_mod.plan(huge, QWEN_1_5B)
+    assert not big.fits and "lower rollout.kv_cache_gib (now 30.0)" in plan_mod.knob(huge, big)
+    one = load_config("4090x1", None, ["rollout.quantization=none", "rollout.kv_cache_gib=auto"])
+    cards = ",".join(["RTX 4090"] * 4)
+    four = load_config("4090x1", None, ["rollout.quantization=none", "rollout.kv_cache_gib=auto",
+                                        "rollout.gpus=[0,1,2,3]", "train.gpus=[0,1,2,3]", f"cost.gpu_models=[{cards}]"])  # fmt: skip
+    # Qwen2.5-1.5B has 2 KV heads: 4 GPUs hold half the cache each, not a quarter
+    assert plan_mod.kv_cache_gib(four, QWEN_1_5B) == pytest.approx(plan_mod.kv_cache_gib(one, QWEN_1_5B) / 2)
+    assert plan_mod.vllm_limits(one) == (8192, one.trainer.batch_size * one.rollout.n)
+
+
+def test_growth_keeps_to_the_memory_free_on_a_shared_card(monkeypatch):
+    from lite_verl.tools import plan as plan_mod
+
+    monkeypatch.setattr(plan_mod, "host_total_gib", lambda: 64.0)
+    cfg = load_config("4090x1", None, ["train.grow_micro_batch=true", "rollout.quantization=none"])
+    alone = plan_mod.decide_memory_knobs(cfg, QWEN_1_5B, {}).train.micro_batch_size
+    shared = plan_mod.decide_memory_knobs(cfg, QWEN_1_5B, {}, free={0: 13.0}).train.micro_batch_size
+    assert 8 <= shared < alone

@@ -20,6 +20,7 @@ from lite_verl.config import Config, RolloutConfig
 from lite_verl.device import cpu_kv_space, nccl_env, visible_devices_env
 from lite_verl.errors import UserError
 from lite_verl.rollout.vllm_worker import WorkerOptions, worker_main
+from lite_verl.tools.plan import GIB, kv_cache_gib, shape_of, vllm_limits, vllm_need_gib
 
 
 def worker_options(cfg: Config, model_path: Path, colocated: bool) -> WorkerOptions:
@@ -46,6 +47,7 @@ def worker_options(cfg: Config, model_path: Path, colocated: bool) -> WorkerOpti
         fp32_lm_head=cfg.model.fp32_lm_head and dtype != "float32",
         tensor_parallel_size=max(len(r.gpus), 1),
         kv_cache_bytes=kv_bytes,
+        batch_limits=vllm_limits(cfg) if kv_bytes else (0, 0),
     )
 
 
@@ -53,8 +55,6 @@ def _kv_cache(cfg: Config, model_path: Path) -> tuple[int, float]:
     """(vLLM's kv_cache_memory_bytes, its gpu_memory_utilization). rollout.kv_cache_gib set: the cache as the
     plan sizes it, and the fraction of the card the plan's vLLM parts add up to (vLLM checks at start that
     this much is free; it reserves the cache without profiling). Unset: (0, rollout.gpu_memory_utilization)."""
-    from lite_verl.tools.plan import GIB, kv_cache_gib, shape_of, vllm_need_gib
-
     r = cfg.rollout
     if not r.kv_cache_gib or not r.gpus or not torch.cuda.is_available():
         return 0, r.gpu_memory_utilization

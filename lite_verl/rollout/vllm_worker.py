@@ -73,9 +73,10 @@ class WorkerOptions:
     quantization: str | None = None
     fp32_lm_head: bool = False
     tensor_parallel_size: int = 1
-    kv_cache_bytes: int = (
-        0  # rollout.kv_cache_gib: reserved as given (gpu_memory_utilization then plan-sized)
-    )
+    # rollout.kv_cache_gib: the cache reserved as given (gpu_memory_utilization then plan-sized), and vLLM's
+    # max_num_batched_tokens and max_num_seqs set to what the plan counts
+    kv_cache_bytes: int = 0
+    batch_limits: tuple[int, int] = (0, 0)
 
 
 def _make_llm(o: WorkerOptions):
@@ -101,6 +102,7 @@ def _make_llm(o: WorkerOptions):
         enable_prefix_caching=True,
         **(fp32_lm_head() if o.fp32_lm_head else {}),
         **({"kv_cache_memory_bytes": o.kv_cache_bytes} if o.kv_cache_bytes else {}),
+        **(dict(zip(("max_num_batched_tokens", "max_num_seqs"), o.batch_limits)) if o.kv_cache_bytes else {}),
     )
     if o.max_lora_rank == 0:
         kwargs = {k: v for k, v in kwargs.items() if k not in ("max_lora_rank", "max_loras")}

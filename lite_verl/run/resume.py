@@ -57,7 +57,7 @@ RESUME_FIXED: dict[frozenset[str], str] = {  # the first group that holds a key 
 # keeps fp32 masters, so the checkpoint loads either way), refused only under deepspeed (_deepspeed_layout).
 PLACEMENT_KEYS = frozenset({
     "model.dtype", "model.fp32_lm_head", "model.trust_remote_code", "rollout.engine", "rollout.gpus",
-    "rollout.gpu_memory_utilization", "rollout.quantization", "rollout.quantized_path",
+    "rollout.gpu_memory_utilization", "rollout.kv_cache_gib", "rollout.quantization", "rollout.quantized_path",
     "rollout.awq_group_size", "rollout.enforce_eager", "rollout.colocate", "rollout.sleep_level",
     "train.gpus", "train.cpu_ranks", "train.micro_batch_size", "train.pack_micro_batches", "train.grow_micro_batch",
     "train.gradient_checkpointing", "train.offload_params", "train.offload_optimizer", "train.max_memory_gib",

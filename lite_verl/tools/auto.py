@@ -27,7 +27,7 @@ import json
 import subprocess
 import sys
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from lite_verl.config import Config, load_config, merge, read_yaml
@@ -222,6 +222,9 @@ def choose(
 
         shape = planner.shape_of(resolve_model_path(compose(base, machine, config_file, sets, recipe).model))
     cfg, found = _search(base, machine, (config_file, sets, recipe), shape, gpus)
+    if cfg.train.grow_micro_batch and cfg.train.gradient_checkpointing is False:
+        # the ladder drops checkpointing as soon as it fits; growing may rather keep it for more rows
+        cfg = replace(cfg, train=replace(cfg.train, gradient_checkpointing="auto"))
     return Choice(cfg, tuple(gpus), tuple(lines + found))
 
 

@@ -226,14 +226,14 @@ def plan(cfg: Config, shape: Shape, cards: Mapping[str, float] | None = None) ->
             static += sum(v for k, v in tp.items() if k not in (*DYNAMIC, GATHERED, REDUCE)) + OVERHEAD_GIB
             during = tp.get(GATHERED, 0.0) + sum(tp[k] for k in DYNAMIC)
             dynamic += max(during, tp.get(REDUCE, 0.0))
-        vllm = served = 0.0
+        vllm = served = budget = 0.0
         if g in cfg.rollout.gpus and cfg.rollout.engine == "vllm":
             served = served_weights_gib(cfg, shape) / max(len(cfg.rollout.gpus), 1)
-            if kv_cache_gib(cfg, shape):  # an exact KV cache: vLLM's parts add up
+            if kv_cache_gib(cfg, shape):  # an exact KV cache: vLLM's parts add up (no budget to hold them)
                 vllm = vllm_need_gib(cfg, shape)
                 parts["vLLM (weights + kv_cache_gib + working memory)"] = vllm
             else:
-                vllm = cfg.rollout.gpu_memory_utilization * card  # vLLM's own CUDA context is inside it
+                vllm = budget = cfg.rollout.gpu_memory_utilization * card  # its CUDA context is inside it
                 parts["vLLM (gpu_memory_utilization)"] = vllm
         if g in cfg.train.gpus:
             parts["runtime overhead"] = OVERHEAD_GIB
@@ -241,7 +241,7 @@ def plan(cfg: Config, shape: Shape, cards: Mapping[str, float] | None = None) ->
         peak = max(static + vllm, static + dynamic) if sleeps else static + vllm + dynamic
         alloc = static + dynamic - OVERHEAD_GIB if g in cfg.train.gpus else 0.0
         cap = cfg.train.max_memory_gib if g in cfg.train.gpus else 0.0
-        out.append(GpuPlan(g, model, card, parts, peak, served, vllm, alloc, cap))
+        out.append(GpuPlan(g, model, card, parts, peak, served, budget, alloc, cap))
     return out
 
 
@@ -334,7 +334,15 @@ def served_weights_gib(cfg: Config, shape: Shape) -> float:
 KV_MARGIN = 1.15  # each row's KV is whole blocks of 16 tokens; prefix caching keeps finished rows' blocks
 VLLM_CONTEXT_GIB = 0.75  # the vLLM process's CUDA context, cuBLAS/attention workspaces, sampler buffers
 VLLM_GRAPHS_GIB = 0.5  # CUDA graphs (rollout.enforce_eager=false)
-VLLM_BATCHED_TOKENS = 8192  # tokens of one vLLM forward at most (its max_num_batched_tokens, ~default)
+VLLM_BATCHED_TOKENS = 8192  # tokens of one vLLM forward at most: its max_num_batched_tokens, set to this
+VLLM_MAX_SEQS = 1024  # rows decoded together at most: its max_num_seqs, set to min(this, one rollout's rows)
+
+
+def vllm_limits(cfg: Config) -> tuple[int, int]:
+    """(max_num_batched_tokens, max_num_seqs) vLLM gets with rollout.kv_cache_gib, so that its working
+    memory is what vllm_need_gib counts (its defaults depend on the card)."""
+    rows = min(cfg.trainer.batch_size * cfg.rollout.n, VLLM_MAX_SEQS)
+    return max(VLLM_BATCHED_TOKENS, cfg.full_length), rows
 
 
 def kv_cache_gib(cfg: Config, shape: Shape) -> float:
@@ -345,7 +353,8 @@ def kv_cache_gib(cfg: Config, shape: Shape) -> float:
         return float(r.kv_cache_gib)
     rows = cfg.trainer.batch_size * r.n
     b = 4 if cfg.model.dtype == "float32" else 2  # vLLM's KV in its serving dtype (AWQ: fp16)
-    per_gpu = rows * cfg.full_length * shape.kv_bytes_per_token(b) * KV_MARGIN / max(len(r.gpus), 1)
+    shards = min(max(len(r.gpus), 1), shape.kv_heads)  # past the KV heads' count they are replicated
+    per_gpu = rows * cfg.full_length * shape.kv_bytes_per_token(b) * KV_MARGIN / shards
     return max(per_gpu / GIB, 0.25)
 
 
@@ -354,8 +363,8 @@ def vllm_need_gib(cfg: Config, shape: Shape) -> float:
     (VLLM_BATCHED_TOKENS tokens through the widest layer; the sampled rows' fp32 logits), CUDA graphs and
     its process's context. What it starts with as gpu_memory_utilization (of the card it finds)."""
     r, tp = cfg.rollout, max(len(cfg.rollout.gpus), 1)
-    rows = min(cfg.trainer.batch_size * r.n, 1024)  # decoded together at most (vLLM's max_num_seqs)
-    forward = VLLM_BATCHED_TOKENS * (4 * shape.hidden + 3 * shape.intermediate / tp) * 2
+    tokens, rows = vllm_limits(cfg)
+    forward = tokens * (4 * shape.hidden + 3 * shape.intermediate / tp) * 2
     logits = rows * shape.vocab * 4 * 3  # logits, their log-softmax and the processed copy
     graphs = 0.0 if r.enforce_eager else VLLM_GRAPHS_GIB
     work = (forward + logits) / GIB + graphs + VLLM_CONTEXT_GIB
@@ -384,6 +393,8 @@ def knob(cfg: Config, p: GpuPlan) -> str:
     if biggest == REDUCE:  # more ranks shrink only its fp32 shard
         return ("FSDP2 reduces the embeddings' and head's gradient in fp32 at the end of backward: use "
                 "train.backend=lora or qlora, or a card with more memory")  # fmt: skip
+    if biggest.startswith("vLLM") and cfg.rollout.kv_cache_gib:
+        return f"lower rollout.kv_cache_gib (now {cfg.rollout.kv_cache_gib}) or use rollout.quantization=awq"
     if biggest.startswith("vLLM"):
         return f"lower rollout.gpu_memory_utilization (now {cfg.rollout.gpu_memory_utilization})"
     return "use a smaller model or more GPUs"
@@ -424,7 +435,12 @@ def shape_of(model_dir: Path) -> Shape:
     return Shape.from_config(json.loads((Path(model_dir) / "config.json").read_text()))
 
 
-def decide_memory_knobs(cfg: Config, shape: Shape | None, cards: Mapping[str, float] | None = None) -> Config:
+def decide_memory_knobs(
+    cfg: Config,
+    shape: Shape | None,
+    cards: Mapping[str, float] | None = None,
+    free: Mapping[int, float] | None = None,
+) -> Config:
     """train.gradient_checkpointing=auto and train.grow_micro_batch made concrete, before loading.
 
     Checkpointing auto: off where every card of the plan and the host's RAM fit without it with room to
@@ -433,7 +449,8 @@ def decide_memory_knobs(cfg: Config, shape: Shape | None, cards: Mapping[str, fl
     mini-batch's rows per training rank, while the plan fits with that room (a 1.5B update at 8 rows per
     forward is host-bound: 11.1 s on an H200, ~4.3 s at 32 rows). The larger micro-batch is tried first,
     without checkpointing first at each size: fewer launches are worth more than the recompute. Where and
-    how only: the maths is the same either way. `shape` None: no plan to decide with."""
+    how only: the maths is the same either way. `shape` None: no plan to decide with. `free`: GiB free now
+    per GPU id, where detected (a card shared with another process leaves less room)."""
     t = cfg.train
     if t.gradient_checkpointing != "auto" and not t.grow_micro_batch:
         return cfg
@@ -445,7 +462,7 @@ def decide_memory_knobs(cfg: Config, shape: Shape | None, cards: Mapping[str, fl
     for size in sizes:
         for ckpt in ckpt_choices:
             candidate = _with(cfg, size, ckpt)
-            if _fits_with_room(candidate, shape, cards):
+            if _fits_with_room(candidate, shape, cards, free or {}):
                 return candidate
     return fallback
 
@@ -468,11 +485,14 @@ def _micro_sizes(cfg: Config) -> list[int]:
     return sizes[::-1]
 
 
-def _fits_with_room(cfg: Config, shape: Shape, cards: Mapping[str, float] | None) -> bool:
+def _fits_with_room(
+    cfg: Config, shape: Shape, cards: Mapping[str, float] | None, free: Mapping[int, float]
+) -> bool:
     have = host_total_gib()
     host_ok = not have or host_gib(cfg, shape) <= AUTO_MARGIN * HOST_USABLE * have
     return host_ok and all(
-        p.fits and p.peak_gib <= AUTO_MARGIN * USABLE * p.card_gib for p in plan(cfg, shape, cards)
+        p.fits and p.peak_gib <= AUTO_MARGIN * USABLE * min(p.card_gib, free.get(p.gpu, p.card_gib))
+        for p in plan(cfg, shape, cards)
     )
 
 
