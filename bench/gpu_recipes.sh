@@ -5,6 +5,8 @@
 # the GGUFs and GSM8K in .stage/mK; its header lists the calls), then on the machine:
 #   LITE_VERL_COMMIT=<sha> bash bench/gpu_recipes.sh start   # assemble, import the GGUFs, launch, wait
 #   bash bench/gpu_recipes.sh wait                          # wait more; results when done
+# Without vLLM's wheels (scarce device time): carry only gguf/datasets (STAGE_SET=small bash bench/gpu_stage.sh) and
+# run with EXTRA_SETS=rollout.engine=hf (HF generate on the GPU; same maths).
 # SmolLM2-135M-Instruct's chain (gsm8k, largest: the ones not yet measured; 2 jobs at a time) runs; Gemma-3-270M base's
 # (GEMMA_JOBS=gemma:arithmetic) only when asked. Gemma is a base model: its arithmetic job gets a Question/Answer
 # frame with one worked example, no chat template, a stop at the next question and 64 new tokens (BASE_FRAME, unless JOB_SETS is given;
@@ -57,6 +59,9 @@ case "${1:-}" in
     python3 -m lite_verl import-gguf "/tmp/models/$3" "/tmp/models/$2" || exit 1
     BASE_FRAME='gemma:arithmetic:data.apply_chat_template=false;gemma:arithmetic:rollout.max_new_tokens=64;gemma:arithmetic:rollout.stop=["\n\nQuestion:"];gemma:arithmetic:data.prompt_template=Question: Tom has 5 pens, buys 3 more, then gives away 2. How many pens does Tom have?\nAnswer: 5 + 3 = 8, 8 - 2 = 6.\n#### 6\n\nQuestion: {prompt}\nAnswer:'
     JS=(); IFS=';' read -ra parts <<< "${JOB_SETS:-$BASE_FRAME}"; for p in "${parts[@]}"; do [ -n "$p" ] && JS+=(--job-set "$p"); done
+    # EXTRA_SETS: more hardware knobs for every command, space-separated (e.g. rollout.engine=hf: HF generate on
+    # the GPU, where vLLM's wheels were not carried)
+    for x in ${EXTRA_SETS:-}; do JS+=(--set "$x"); done
     exec python3 -m bench.recipes "${JS[@]}" --model "$2=/tmp/models/$2" --jobs "$4" --gsm8k /tmp/gsm8k --steps "${STEPS:-0}" --parallel "${PARALLEL:-2}" \
       --set rollout.quantization=none --set rollout.enforce_eager=true --set rollout.gpu_memory_utilization=0.1 ;;
   *) sed -n '2,9p' "$0"; exit 2 ;;
