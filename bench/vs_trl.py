@@ -33,7 +33,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from bench.results import REPORT, append, render, write_curve
-from bench.train_run import reward_curve, single_process_group_env, train_run
+from bench.train_run import planned_peak_gib, reward_curve, single_process_group_env, train_run
 
 
 @dataclass(frozen=True)
@@ -131,6 +131,8 @@ def lite_verl(
                       [r["perf/tokens_per_s"] * r["timing/step_s"] for r in train], WARMUP[0]))  # fmt: skip
     if gpu:
         out["peak_gpu_memory_gib"] = mem.peak_gib
+        out["plan_peak_gib"] = planned_peak_gib(Path("/tmp/lite-verl-vs-trl"))  # #29 goal 4: within 10%
+        out["plan_error_pct"] = 100 * (out["plan_peak_gib"] - mem.peak_gib) / mem.peak_gib
     CURVES.setdefault("lite-verl", []).append(reward_curve(train))
     return out
 
@@ -338,7 +340,12 @@ def main() -> None:
 
         model = str(make_model(args.size, Path("/tmp/models")))
     label, settings, cmd = describe(args, s)
-    units = {"tokens_per_s": "token/s", "peak_gpu_memory_gib": "GiB"}
+    units = {
+        "tokens_per_s": "token/s",
+        "peak_gpu_memory_gib": "GiB",
+        "plan_peak_gib": "GiB",
+        "plan_error_pct": "%",
+    }
 
     def record(who: str, r: dict[str, float]) -> None:
         for metric, value in r.items():
