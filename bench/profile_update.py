@@ -13,6 +13,11 @@ timed after a warm-up. Variants change one thing each:
   micro32    the default at 32 sequences per forward/backward instead of the preset's 8
   fp32_adapters the default with the LoRA adapters computing in fp32 (no autocast: the code before 2026-12-05)
   no_ckpt    the default without gradient checkpointing
+  grown      train.grow_micro_batch=true with gradient_checkpointing=auto, decided by the plan for a 24 GiB card
+             as `lite-verl train` decides them (the micro-batch and checkpointing it chose are printed)
+On a GPU every variant also records the plan's prediction of the trainer's peak allocation (plan_alloc_gib,
+what torch.cuda.max_memory_allocated measures as peak_gib): #29 goal 4. The config's lengths and batch are
+the batch's (data.max_prompt_length, rollout.max_new_tokens, trainer.batch_size), so packing and plan see it.
 Each variant prints its time and trained tokens/s, and the top operators of one profiled update (by
 device time on a GPU, CPU time on a CPU). A Qwen2.5-{size} shape with random weights on a GPU;
 lite-verl's tiny Qwen2 on a CPU.
@@ -38,6 +43,7 @@ VARIANTS = {
     "micro32": ["train.micro_batch_size=32"],
     "no_ckpt": ["train.gradient_checkpointing=false"],
     "fp32_adapters": [],
+    "grown": ["train.grow_micro_batch=true", "train.gradient_checkpointing=auto"],
 }
 
 
@@ -64,6 +70,7 @@ def sync() -> None:
 
 def measure(variant: str, model_dir: Path, args) -> dict[str, float]:
     from lite_verl.config import load_config
+    from lite_verl.tools.plan import decide_memory_knobs, plan, shape_of
     from lite_verl.train.rank import build_rank_backend
     from lite_verl.update import MicroBatchSize, make_kl_controller, run_update
 
@@ -72,11 +79,19 @@ def measure(variant: str, model_dir: Path, args) -> dict[str, float]:
         f"model.path={model_dir}",
         "algorithm.use_kl_loss=false",
         "rollout.quantization=none",
+        f"data.max_prompt_length={args.prompt}",
+        f"rollout.max_new_tokens={args.response}",
+        f"trainer.batch_size={args.rows // 8}",
+        "rollout.n=8",
         *VARIANTS[variant],
     ]
     if args.micro and variant != "micro32":
         sets.append(f"train.micro_batch_size={args.micro}")
     cfg = load_config("4090x1" if gpu else "laptop", None, sets).with_auto_resolved()
+    shape = shape_of(model_dir)
+    cfg = decide_memory_knobs(cfg, shape)  # grown: as train decides it (a 24 GiB card on a GPU)
+    print(f"{variant}: micro_batch_size {cfg.train.micro_batch_size}, "
+          f"checkpointing {cfg.train.gradient_checkpointing}", flush=True)  # fmt: skip
     device = torch.device("cuda:0" if gpu else "cpu")
     backend = build_rank_backend(cfg, model_dir, device, 1)
     if variant == "plain":
@@ -106,6 +121,8 @@ def measure(variant: str, model_dir: Path, args) -> dict[str, float]:
     }
     if gpu:
         out["peak_gib"] = torch.cuda.max_memory_allocated(device) / 2**30
+        out["plan_alloc_gib"] = plan(cfg, shape)[0].train_alloc_gib
+        out["micro_batch_size"] = float(cfg.train.micro_batch_size)
     from torch.profiler import ProfilerActivity, profile
 
     acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if gpu else [])
@@ -150,7 +167,8 @@ def main() -> None:
             f"{variant}: one GRPO update (LoRA, preset {'4090x1' if torch.cuda.is_available() else 'laptop'}), "
             f"{args.rows} rows x ({args.prompt} prompt + {args.response} response) random tokens, no KL"
         )
-        units = {"update_s": "s", "trained_tokens_per_s": "token/s", "peak_gib": "GiB"}
+        units = {"update_s": "s", "trained_tokens_per_s": "token/s", "peak_gib": "GiB", "plan_alloc_gib": "GiB",
+                 "micro_batch_size": "rows"}  # fmt: skip
         for metric, value in r.items():
             append("profile_update", label, settings, metric, value, units[metric], cmd)
     REPORT.write_text(render())
