@@ -292,7 +292,7 @@ def alternate(model: str, args: argparse.Namespace, s: Shared, record) -> dict[s
     return runs
 
 
-def main() -> None:
+def parse_args() -> argparse.Namespace:
     ap = argparse.ArgumentParser()
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--model", default="tiny:qwen2")
@@ -324,8 +324,46 @@ def main() -> None:
         "--lr", type=float, default=0.0, help="CPU: learning rate on both sides (0: 3e-3, the tiny model's)"
     )
     args = ap.parse_args()
-    WARMUP[0] = args.warmup
     args.repeats = args.repeats or (1 if args.gpu else 3)
+    return args
+
+
+def append_ratios(runs: dict[str, list[dict[str, float]]], median: dict[str, dict[str, float]], row) -> float:
+    """lite-verl against TRL: tokens/s (-> that ratio), steady step and tokens/s where both sides measured
+    them alike, and how far single pairs scatter. `row(metric, value)` appends one ratio row."""
+    lv, tr = median["lite_verl"], median["trl"]
+    ratio = lv["tokens_per_s"] / tr["tokens_per_s"]
+    row("lite_verl_over_trl_tokens_per_s", ratio)
+    if "steady_step_s" in lv and "steady_step_s" in tr:
+        row("trl_over_lite_verl_steady_step_s", tr["steady_step_s"] / lv["steady_step_s"])
+        row("lite_verl_over_trl_steady_tokens_per_s", lv["steady_tokens_per_s"] / tr["steady_tokens_per_s"])
+    if len(runs["lite_verl"]) > 1:
+        pairs = [a["tokens_per_s"] / b["tokens_per_s"] for a, b in zip(runs["lite_verl"], runs["trl"])]
+        row("pair_ratio_min", min(pairs))
+        row("pair_ratio_max", max(pairs))
+    return ratio
+
+
+def save_curves(args: argparse.Namespace, label: str, cmd: str) -> None:
+    """One curve file per model and CPU engine (HF, the default, unsuffixed: the tiny model's file keeps its name)."""
+    model_tag = "tiny" if args.model.startswith("tiny:") else Path(args.model).name
+    engine_tag = "" if args.engine == "hf" else f"_{args.engine}"
+    tag = f"gpu_{args.size}_{args.sync}" if args.gpu else f"cpu_{model_tag}{engine_tag}"
+    about = f"{label}, echo task, reward per step, mean of {args.repeats} seed(s) (`{cmd}`)"
+    write_curve("vs_trl", tag, about, {who: mean_curve(c) for who, c in CURVES.items()})
+
+
+UNITS = {
+    "tokens_per_s": "token/s",
+    "peak_gpu_memory_gib": "GiB",
+    "plan_peak_gib": "GiB",
+    "plan_error_pct": "%",
+}
+
+
+def main() -> None:
+    args = parse_args()
+    WARMUP[0] = args.warmup
     s = GPU if args.gpu else CPU
     if not args.gpu:  # a real model on the CPU (#29 goal 5) takes other lengths and a real-model lr
         s = replace(
@@ -340,16 +378,10 @@ def main() -> None:
 
         model = str(make_model(args.size, Path("/tmp/models")))
     label, settings, cmd = describe(args, s)
-    units = {
-        "tokens_per_s": "token/s",
-        "peak_gpu_memory_gib": "GiB",
-        "plan_peak_gib": "GiB",
-        "plan_error_pct": "%",
-    }
 
     def record(who: str, r: dict[str, float]) -> None:
         for metric, value in r.items():
-            unit = units.get(metric, "s" if metric.endswith("_s") else "reward")
+            unit = UNITS.get(metric, "s" if metric.endswith("_s") else "reward")
             append("vs_trl", label, settings, f"{who}_{metric}", value, unit, cmd)
         print(who, r, flush=True)
 
@@ -358,24 +390,8 @@ def main() -> None:
     if args.repeats > 1:
         for who, r in median.items():
             record(who, r)
-    ratio = median["lite_verl"]["tokens_per_s"] / median["trl"]["tokens_per_s"]
-    append("vs_trl", label, settings, "lite_verl_over_trl_tokens_per_s", ratio, "ratio", cmd)
-    if "steady_step_s" in median["lite_verl"] and "steady_step_s" in median["trl"]:  # measured alike
-        lv, tr = median["lite_verl"], median["trl"]
-        append("vs_trl", label, settings, "trl_over_lite_verl_steady_step_s", tr["steady_step_s"] / lv["steady_step_s"],
-               "ratio", cmd)  # fmt: skip
-        append("vs_trl", label, settings, "lite_verl_over_trl_steady_tokens_per_s",
-               lv["steady_tokens_per_s"] / tr["steady_tokens_per_s"], "ratio", cmd)  # fmt: skip
-    if args.repeats > 1:  # how far single pairs scatter
-        pairs = [a["tokens_per_s"] / b["tokens_per_s"] for a, b in zip(runs["lite_verl"], runs["trl"])]
-        append("vs_trl", label, settings, "pair_ratio_min", min(pairs), "ratio", cmd)
-        append("vs_trl", label, settings, "pair_ratio_max", max(pairs), "ratio", cmd)
-    # one curve file per model and CPU engine (HF, the default, unsuffixed: the tiny model's file keeps its name)
-    model_tag = "tiny" if args.model.startswith("tiny:") else Path(args.model).name
-    engine_tag = "" if args.engine == "hf" else f"_{args.engine}"
-    tag = f"gpu_{args.size}_{args.sync}" if args.gpu else f"cpu_{model_tag}{engine_tag}"
-    about = f"{label}, echo task, reward per step, mean of {args.repeats} seed(s) (`{cmd}`)"
-    write_curve("vs_trl", tag, about, {who: mean_curve(c) for who, c in CURVES.items()})
+    ratio = append_ratios(runs, median, lambda m, v: append("vs_trl", label, settings, m, v, "ratio", cmd))
+    save_curves(args, label, cmd)
     print(f"ratio {ratio:.2f}", flush=True)
     REPORT.write_text(render())
 
