@@ -91,7 +91,7 @@ class VLLMRolloutEngine:
 
         require_vllm()
         same_gpus = bool(cfg.rollout.gpus) and cfg.rollout.gpus == cfg.train.gpus
-        options = worker_options(cfg, model_path, colocated=same_gpus and cfg.rollout.colocate)
+        options = worker_options(cfg, model_path, colocated=cfg.hybrid)
         return cls(cfg.rollout, cfg.sync, options, tokenizer, backend, same_gpus)
 
     def __init__(

@@ -38,6 +38,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from lite_verl.config import Config
+from lite_verl.config.validation import train_world
 
 GIB = 2**30
 CARD_GIB = {"RTX 4090": 24.0, "RTX 3090": 24.0, "A10": 24.0, "T4": 16.0, "L4": 24.0, "A100": 80.0,
@@ -264,8 +265,7 @@ def host_parts(cfg: Config, shape: Shape) -> dict[str, float]:
     kl = cfg.algorithm.use_kl_loss or cfg.algorithm.use_kl_in_reward
     if t.full_finetune and t.offload_params and kl:
         parts["reference policy (offloaded)"] = b * p / GIB
-    sleeps = cfg.rollout.engine == "vllm" and cfg.rollout.colocate and set(cfg.rollout.gpus) & set(t.gpus)
-    if sleeps and cfg.rollout.sleep_level == 1:  # level 2 discards them
+    if cfg.hybrid and cfg.rollout.sleep_level == 1:  # level 2 discards them
         parts["vLLM weights while asleep"] = served_weights_gib(cfg, shape)
     if not t.gpus:  # the trainer on the CPU: what a GPU plan puts on the card lives in RAM
         parts.update({f"{k} (trainer on the CPU)": v for k, v in train_parts(cfg, shape).items()})
@@ -477,8 +477,7 @@ def _micro_sizes(cfg: Config) -> list[int]:
     """train.micro_batch_size doubled up to one mini-batch's rows per training rank, largest first; the
     configured size last."""
     a, t = cfg.algorithm, cfg.train
-    ranks = len(t.gpus) if t.gpus else t.cpu_ranks
-    rows = (a.ppo_mini_batch_size or cfg.trainer.batch_size) * cfg.rollout.n // max(ranks, 1)
+    rows = (a.ppo_mini_batch_size or cfg.trainer.batch_size) * cfg.rollout.n // train_world(cfg)
     sizes = [t.micro_batch_size]
     while sizes[-1] * 2 <= rows:
         sizes.append(sizes[-1] * 2)
@@ -496,8 +495,8 @@ def _fits_with_room(
     )
 
 
-# auto turns checkpointing off (and grow_micro_batch grows) only with this much of the usable memory to spare: the no-checkpointing
-# peaks are the plan's least measured, and a laptop's RAM is shared with whatever else it runs
+# auto turns checkpointing off (and grow_micro_batch grows) only with this much of the usable memory to spare:
+# the no-checkpointing peaks are the plan's least measured, and a laptop's RAM is shared with whatever else it runs
 AUTO_MARGIN = 0.75
 
 
