@@ -182,6 +182,24 @@ def test_a_signal_inside_abandoning_ends_the_block_at_once_and_is_kept():
             time.sleep(5)
 
 
+def test_a_signal_while_signals_are_held_acts_once_the_block_ends_and_threads_start_cleanly():
+    """Trackers start threads under held_signals: a signal then cannot land inside Thread.start()."""
+    import threading
+
+    from lite_verl.run.signals import Interrupted, StopRequest, held_signals
+
+    before = signal.getsignal(signal.SIGTERM)
+    with StopRequest(defer=False), pytest.raises(Interrupted) as stopped, held_signals():
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(0.2)  # without the hold the handler would raise here
+        worker = threading.Thread(target=time.sleep, args=(0.01,))
+        worker.start()
+        worker.join()
+        reached = True
+    assert reached and stopped.value.exit_code == 128 + signal.SIGTERM
+    assert signal.getsignal(signal.SIGTERM) == before  # held_signals, then StopRequest, put theirs back
+
+
 LONG_FINAL_VALIDATION = ["trainer.total_steps=1", "trainer.val_before_train=false", "data.val_size=4000",
                          "rollout.max_new_tokens=64"]  # fmt: skip
 

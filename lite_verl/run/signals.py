@@ -128,6 +128,25 @@ class StopRequest:
             signal.signal(sig, handler)
 
 
+@contextmanager
+def held_signals() -> Iterator[None]:
+    """Inside, a stop signal waits for the block to end, then acts as it would have (the handler in place
+    is called). For code that starts threads (a tracker's writers): an exception raised inside
+    `Thread.start()` leaves the new thread half-registered, and it prints a traceback as it dies."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    pending: list[int] = []
+    old = {sig: signal.signal(sig, lambda signum, frame: pending.append(signum)) for sig in STOP_SIGNALS}
+    try:
+        yield
+    finally:
+        for sig, handler in old.items():
+            signal.signal(sig, handler)
+        if pending:
+            signal.raise_signal(pending[0])  # the restored handler runs now, in this thread
+
+
 def child_process_setup() -> None:
     """First thing in a child process: ignore the group's stop signals and end with the controller."""
     for sig in STOP_SIGNALS:
