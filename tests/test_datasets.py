@@ -126,7 +126,12 @@ def test_a_model_without_chat_template_gets_plain_text(tmp_path, tokenizer, caps
     template, tokenizer.chat_template = tokenizer.chat_template, None
     try:
         _, _ = load_prompt_sets(DataConfig(task_size=4, val_size=2), tokenizer, 0)
-        assert "has no chat template" in capsys.readouterr().err
+        err = capsys.readouterr().err
+        assert "has no chat template" in err and "data.prompt_template=Question: {prompt}" in err  # the tip
+        framed = DataConfig(task_size=4, val_size=2, prompt_template="Q: {prompt}\nA:")
+        _, _ = load_prompt_sets(framed, tokenizer, 0)
+        err = capsys.readouterr().err
+        assert "has no chat template" in err and "prompt_template" not in err  # framed already: no tip
         row = task_rows("echo", 1, 0)[0]
         _, (ids,) = encode_prompts([row], tokenizer, 64, "data.train_files")
         assert tokenizer.decode(ids) == row.messages[0]["content"]
