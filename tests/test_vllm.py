@@ -381,3 +381,19 @@ def test_vllm_stops_where_the_rule_says():
         assert torch.all(stopped.rollout_log_probs[stopped.response_mask == 0] == 0)
     finally:
         session.engine.close()
+
+
+@pytest.mark.parametrize("flat", [False, True])
+def test_log_probs_read_alike_from_vllm_dicts_and_flat_lists(flat):
+    """vLLM's two log-prob containers (built by its own append function) give the same per-token values:
+    the sampled token's entry by id even where top-k entries come first, NaN at a position without one."""
+    from vllm.logprobs import append_logprobs_for_next_position, create_prompt_logprobs
+
+    from lite_verl.rollout.vllm_compat import _position_logprobs
+
+    entries = create_prompt_logprobs(flat)  # position 0 has no entry, as for a prompt's first token
+    for token_ids, values in ([7, 3], [-0.5, -0.1]), ([5], [-1.25]), ([2, 9], [-2.0, -0.25]):
+        append_logprobs_for_next_position(entries, token_ids, values, [None] * len(values), 1, len(values) - 1)
+    got = _position_logprobs(entries, [4, 3, 5, 8])  # 3 is position 1's second entry; 8 is not present
+    assert got[0] != got[0]  # NaN
+    assert got[1:] == [-0.1, -1.25, -2.0]  # an absent token reads the first (the sampled) entry

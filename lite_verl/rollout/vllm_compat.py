@@ -36,22 +36,50 @@ def tokens_prompt(ids: list[int]) -> Any:
         return {"prompt_token_ids": ids}
 
 
+def flat_logprobs() -> dict[str, bool]:
+    """SamplingParams keywords for log-probs as flat lists (vLLM's FlatLogprobs, where this vLLM has it):
+    a few lists per request instead of a dict and a Logprob object per token, which the engine's output
+    processing builds on the host for every decoded token of every row."""
+    from vllm import SamplingParams
+
+    fields = getattr(SamplingParams, "__struct_fields__", ()) or getattr(SamplingParams, "__annotations__", {})
+    return {"flat_logprobs": True} if "flat_logprobs" in fields else {}
+
+
+def _position_logprobs(entries: Any, tokens: list[int]) -> list[float]:
+    """The log-prob of tokens[i] at position i, from vLLM's per-position log-probs (a list of dicts, or
+    FlatLogprobs); a position without an entry is NaN. The chosen token is matched by id, else the first
+    entry (the sampled token comes first in vLLM's sampler output)."""
+    if entries is None:
+        return [float("nan")] * len(tokens)
+    starts = getattr(entries, "start_indices", None)
+    if starts is None:  # a list of {token_id: Logprob}
+        return [
+            float((e[t] if t in e else next(iter(e.values()))).logprob) if e else float("nan")
+            for t, e in zip(tokens, entries)
+        ]
+    ids, lps, ends = entries.token_ids, entries.logprobs, entries.end_indices
+    out = []
+    for t, a, b in zip(tokens, starts, ends):
+        if a == b:
+            out.append(float("nan"))
+            continue
+        hit = next((j for j in range(a, b) if ids[j] == t), a)
+        out.append(float(lps[hit]))
+    return out
+
+
 def sampled_logprobs(completion: Any) -> list[float]:
     """Log-prob of each sampled token from a CompletionOutput requested with logprobs=0."""
-    out = []
-    for token, entry in zip(completion.token_ids, completion.logprobs or []):
-        lp = entry[token] if token in entry else next(iter(entry.values()))
-        out.append(float(lp.logprob))
-    return out
+    return _position_logprobs(completion.logprobs or [], list(completion.token_ids))
 
 
 def prompt_logprobs(output: Any) -> list[float]:
     """Log-probs of the prompt's tokens 1..L-1 (requested with prompt_logprobs=0)."""
-    ids = output.prompt_token_ids
-    out = []
-    for token, entry in zip(ids[1:], (output.prompt_logprobs or [None])[1:]):
-        out.append(float(entry[token].logprob) if entry else float("nan"))
-    return out
+    entries = output.prompt_logprobs
+    if entries is None:
+        return []
+    return _position_logprobs(entries, list(output.prompt_token_ids))[1:]
 
 
 def reload_weights(worker: Any, named_tensors: list[tuple[str, Any]]) -> None:

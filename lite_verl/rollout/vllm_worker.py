@@ -142,8 +142,9 @@ class _Server:
         from vllm import SamplingParams
 
         started = time.time()
-        from lite_verl.rollout.vllm_compat import sampled_logprobs, tokens_prompt
+        from lite_verl.rollout.vllm_compat import flat_logprobs, sampled_logprobs, tokens_prompt
 
+        flat = flat_logprobs()
         params = [
             SamplingParams(
                 n=n,
@@ -156,6 +157,7 @@ class _Server:
                 stop=stop or None,  # the engine's cut_at_stop decides where a response ends; this stops early
                 include_stop_str_in_output=True,
                 detokenize=bool(stop),  # stop strings are matched on the text
+                **flat,
             )  # fmt: skip
             for i in range(len(prompts))
         ]
@@ -175,10 +177,10 @@ class _Server:
         """Log-probs of tokens 1.. of each sequence under the current weights (prompt_logprobs)."""
         from vllm import SamplingParams
 
-        from lite_verl.rollout.vllm_compat import prompt_logprobs, tokens_prompt
+        from lite_verl.rollout.vllm_compat import flat_logprobs, prompt_logprobs, tokens_prompt
 
         params = SamplingParams(
-            max_tokens=1, prompt_logprobs=0, temperature=temperature or 1.0, detokenize=False
+            max_tokens=1, prompt_logprobs=0, temperature=temperature or 1.0, detokenize=False, **flat_logprobs()
         )
         outs = self.llm.generate(
             [tokens_prompt(s) for s in sequences], params, lora_request=self.lora, use_tqdm=False
