@@ -33,13 +33,7 @@ from lite_verl.run.console import Progress, summary_text
 from lite_verl.run.cost import Ledger, bill
 from lite_verl.run.rundir import MetricsLog, RunDir, read_metrics, set_rng_state
 from lite_verl.run.samples import SamplesLog
-from lite_verl.run.signals import (
-    Abandoned,
-    Interrupted,
-    StopRequest,
-    TrainedThenInterrupted,
-    held_signals,
-)
+from lite_verl.run.signals import Abandoned, Interrupted, StopRequest, TrainedThenInterrupted
 from lite_verl.run.timing import PhaseTimer
 from lite_verl.train.factory import build_trainer
 from lite_verl.update import MicroBatchSize, make_kl_controller, run_update
@@ -329,13 +323,9 @@ def run_training(session: Session, run: RunDir, resume: bool = False) -> dict[st
     ledger = Ledger.from_config(cfg)
     session.scorer.bill_to(ledger)  # a reward model's device is billed while the model is loaded
     start, consumed = _resume(session, run, ledger) if resume else (1, 0)
-    log: MetricsLog | None = None
     try:
-        with held_signals():  # trackers start threads: a signal meanwhile stops the run once they have
-            log = MetricsLog(run.path, cfg, resume_step=start - 1 if resume else None)  # trainer.loggers
-    except BaseException:  # a tracker that cannot start its run, or a stop signal
-        if log is not None:
-            log.close(failed=True)
+        log = MetricsLog(run.path, cfg, resume_step=start - 1 if resume else None)  # trainer.loggers
+    except BaseException:  # a tracker that cannot start its run
         session.close()
         raise
     samples = SamplesLog(run.path, cfg, start - 1 if resume else None, log.trackers.log_samples)

@@ -182,22 +182,29 @@ def test_a_signal_inside_abandoning_ends_the_block_at_once_and_is_kept():
             time.sleep(5)
 
 
-def test_a_signal_while_signals_are_held_acts_once_the_block_ends_and_threads_start_cleanly():
-    """Trackers start threads under held_signals: a signal then cannot land inside Thread.start()."""
+def test_a_signal_inside_thread_start_is_raised_once_start_has_returned():
+    """A tracker or library starting a thread when the signal comes: raised inside Thread.start(), the stop
+    would leave the new thread half-registered (a traceback on stderr as it ends)."""
     import threading
 
-    from lite_verl.run.signals import Interrupted, StopRequest, held_signals
+    from lite_verl.run.signals import Interrupted, StopRequest
 
-    before = signal.getsignal(signal.SIGTERM)
-    with StopRequest(defer=False), pytest.raises(Interrupted) as stopped, held_signals():
-        os.kill(os.getpid(), signal.SIGTERM)
-        time.sleep(0.2)  # without the hold the handler would raise here
-        worker = threading.Thread(target=time.sleep, args=(0.01,))
+    ran = threading.Event()
+    worker = threading.Thread(target=ran.set)
+
+    class SignalWhileStarting(threading.Event):
+        def wait(self, timeout=None):  # Thread.start() waits here for the new thread
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(0.2)  # the handler runs here, inside start()
+            return super().wait(timeout)
+
+    worker._started = SignalWhileStarting()
+    with StopRequest(defer=False), pytest.raises(Interrupted) as stopped:
         worker.start()
-        worker.join()
-        reached = True
-    assert reached and stopped.value.exit_code == 128 + signal.SIGTERM
-    assert signal.getsignal(signal.SIGTERM) == before  # held_signals, then StopRequest, put theirs back
+        time.sleep(5)  # the handler raises before this ends
+    assert ran.wait(5) and stopped.value.exit_code == 128 + signal.SIGTERM
+    raised_in = [entry.frame.code.name for entry in stopped.traceback]
+    assert "start" not in raised_in and "wait" not in raised_in, raised_in
 
 
 LONG_FINAL_VALIDATION = ["trainer.total_steps=1", "trainer.val_before_train=false", "data.val_size=4000",

@@ -16,9 +16,11 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import os
+import queue
 import signal
 import sys
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -85,6 +87,8 @@ class StopRequest:
             "writing a checkpoint" if saves else "stopping (trainer.keep_checkpoints=0: no checkpoint)"
         )
         self._abandon: str | None = None  # inside abandoning(): what follows the cut, as the message says it
+        self._raise_later: BaseException | None = None  # see _handle
+        self._relay: _Relay | None = None
 
     @contextmanager
     def abandoning(self, last: bool = False) -> Iterator[None]:
@@ -100,15 +104,29 @@ class StopRequest:
 
     def __enter__(self) -> StopRequest:
         if threading.current_thread() is threading.main_thread():
+            self._relay = _Relay()
             for sig in STOP_SIGNALS:
                 self._old[sig] = signal.signal(sig, self._handle)
         return self
 
     def _handle(self, signum: int, frame: Any) -> None:
+        error, self._raise_later = self._raise_later or self._react(signum), None
+        if error is None:
+            return
+        if _inside_thread_start(frame) and self._relay is not None:
+            # raised here, the exception would leave the new thread half-registered (it prints a traceback as
+            # it ends): raise it once start() has returned, when the relay calls this handler again
+            self._raise_later = error
+            self._relay.again(signum)
+            return
+        raise error
+
+    def _react(self, signum: int) -> BaseException | None:
+        """What this signal does now: the exception that stops the work, or None (recorded and said)."""
         if not self.defer:
-            raise Interrupted(signum, 0, False)
+            return Interrupted(signum, 0, False)
         if self.signum is not None:
-            raise KeyboardInterrupt
+            return KeyboardInterrupt()
         self.signum = signum
         doing = (
             f"cutting the validation short, then {self._abandon}"
@@ -120,31 +138,54 @@ class StopRequest:
             file=sys.stderr,
             flush=True,
         )
-        if self._abandon:
-            raise Abandoned
+        return Abandoned() if self._abandon else None
 
     def __exit__(self, *exc: Any) -> None:
         for sig, handler in self._old.items():
             signal.signal(sig, handler)
+        if self._relay is not None:
+            self._relay.close()
+        if self._raise_later is not None and exc[0] is None:  # the block ended before the relay's call
+            raise self._raise_later
 
 
-@contextmanager
-def held_signals() -> Iterator[None]:
-    """Inside, a stop signal waits for the block to end, then acts as it would have (the handler in place
-    is called). For code that starts threads (a tracker's writers): an exception raised inside
-    `Thread.start()` leaves the new thread half-registered, and it prints a traceback as it dies."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    pending: list[int] = []
-    old = {sig: signal.signal(sig, lambda signum, frame: pending.append(signum)) for sig in STOP_SIGNALS}
-    try:
-        yield
-    finally:
-        for sig, handler in old.items():
-            signal.signal(sig, handler)
-        if pending:
-            signal.raise_signal(pending[0])  # the restored handler runs now, in this thread
+class _Relay:
+    """A thread that has the main thread's signal handler called again a moment later (StopRequest._handle):
+    started before any signal comes, as a handler must not start a thread (it may have interrupted
+    Thread.start() holding threading's registry lock); woken through a SimpleQueue, which is reentrant."""
+
+    def __init__(self) -> None:
+        self._queue: queue.SimpleQueue[int | None] = queue.SimpleQueue()
+        self._closed = False
+        threading.Thread(target=self._run, name="lite-verl-signal-relay", daemon=True).start()
+
+    def again(self, signum: int) -> None:
+        self._queue.put(signum)
+
+    def close(self) -> None:
+        self._closed = True  # the handler is gone: a signal sent now would meet the default action
+        self._queue.put(None)
+
+    def _run(self) -> None:
+        main = threading.main_thread().ident
+        while (signum := self._queue.get()) is not None:
+            time.sleep(0.001)  # after the handler returned (called earlier, it defers once more)
+            if (
+                main is not None and not self._closed
+            ):  # the signal itself, so that a blocking call (a sleep) is interrupted
+                signal.pthread_kill(main, signum)
+
+
+def _inside_thread_start(frame: Any) -> bool:
+    """Whether this frame of the main thread runs inside threading.Thread.start()."""
+    while frame is not None:
+        if frame.f_code is _THREAD_START:
+            return True
+        frame = frame.f_back
+    return False
+
+
+_THREAD_START = threading.Thread.start.__code__
 
 
 def child_process_setup() -> None:
