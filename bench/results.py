@@ -48,7 +48,14 @@ NOTES = {  # what a reader must know about a table that its rows do not say
     "in 40 steps: greedy accuracy 0.000 -> 0.018, pass@4 0.00 -> 0.09, reward 0.000 -> 0.111 (mostly the 0.1 "
     "format credit); a 135M model does not get the arithmetic of the step right: NEGATIVE as a showcase. The "
     "gsm8k job failed at its first command: the device machine has no `datasets` (lite-verl reads every data "
-    "file through it; built-in tasks do not), which gpu_stage.sh now carries. Gemma was not run (device time).",
+    "file through it; built-in tasks do not), which gpu_stage.sh now carries. Gemma was not run (device time). "
+    "2026-12-07, no GPU this session: Gemma-3-270M base on the CPU (laptop preset, HF generate, fp32) with the base-model "
+    "frame of gpu_recipes.sh (one worked Question/Answer example, no chat template, stop at the next question, 64 new "
+    "tokens) and 8 prompts x 8 per step (the recipe: 32), lr 2e-4 as the recipe: NEGATIVE, the policy COLLAPSED. Greedy "
+    "accuracy on 64 held-out prompts 0.14 before -> 0.00 at step 10; from step 8 every sample ends `#### 7` (right only "
+    "when 7 is the answer), the reward sits at the 0.1 format credit, entropy 2.08 -> 0.51 and the gradient norm "
+    "0.77 -> 0.007 (a group of equal rewards has no advantage). ~2.5 min a step on 2 cores; stopped by SIGTERM after "
+    "step 12 (checkpoint written, the run resumable).",
     "profile_update": "One GRPO update (bench/profile_update.py) of a random Qwen2.5-1.5B-shaped model on the "
     "H200, the 4090x1 preset's 8 sequences per forward/backward. 2026-12-05 (0f8f221, LoRA under bf16 "
     "autocast): 11.26 s, peak 4.26 GiB: the same as the 11.1 s the issue measured with fp32 adapters, because "
