@@ -67,6 +67,19 @@ def _group_mean(scores: torch.Tensor, index: list | torch.Tensor) -> tuple[torch
     return mean, size
 
 
+# estimators whose baseline is the response's own group: a group of equal rewards gives zero advantages
+GROUP_BASELINES = ("grpo", "dr_grpo", "rloo", "reinforce_plus_plus_baseline")
+
+
+def equal_reward_fraction(scores: torch.Tensor, index: list | torch.Tensor) -> float | None:
+    """Of the groups of more than one response, the fraction whose rewards are all equal (TRL logs it as
+    frac_reward_zero_std): a group baseline learns nothing from them. None when no group has two."""
+    groups = [rows for rows in _group_rows(index).values() if len(rows) > 1]
+    if not groups:
+        return None
+    return sum(bool((scores[rows] == scores[rows[0]]).all()) for rows in groups) / len(groups)
+
+
 def compute_gae_advantage_return(
     token_level_rewards: torch.Tensor,
     values: torch.Tensor,

@@ -43,6 +43,7 @@ if TYPE_CHECKING:
     from lite_verl.train.group import GroupBackend, TrainGroup
 
 MAX_SKIPPED_STEPS = 5  # non-finite losses in a row before the run stops
+NO_SIGNAL_STEPS = 3  # steps in a row without a single unequal group before the run says so
 
 
 class TrainingDiverged(UserError):
@@ -187,7 +188,7 @@ def train_step(
         sync_s = session.engine.sync_weights(step)  # with a rollout in flight: waits for it, then loads
     metrics.update(waited)
     metrics.update(_overlap(session, timer.spans["update"]))
-    metrics.update(_rollout_metrics(rollout, scores, session.scorer.last_parts))
+    metrics.update(_rollout_metrics(rollout, scores, session.scorer.last_parts, group_ids))
     metrics.update(_step_metrics(session, timer, sync_s, rollout, metrics))
     if samples is not None and keep_samples:
         rows = [session.train_set.rows[i] for i in rows_idx for _ in range(n)]
@@ -282,12 +283,15 @@ def train_update(
 
 
 def _rollout_metrics(
-    rollout: RolloutBatch, scores: torch.Tensor, parts: dict[str, torch.Tensor]
+    rollout: RolloutBatch, scores: torch.Tensor, parts: dict[str, torch.Tensor], group_ids: torch.Tensor
 ) -> dict[str, float]:
     """Reward and length statistics; with reward.functions, each function's mean over the responses it
-    scored (`parts`: [N] with NaN where it gave None) as reward/NAME/mean, next to the weighted total."""
+    scored (`parts`: [N] with NaN where it gave None) as reward/NAME/mean, next to the weighted total;
+    the share of prompts whose responses all got the same reward (reward/zero_std_frac)."""
     lengths = rollout.response_lengths().float()
-    metrics = {
+    equal = algos.equal_reward_fraction(scores, group_ids)
+    metrics = {} if equal is None else {"reward/zero_std_frac": equal}
+    metrics |= {
         "reward/mean": float(scores.mean()),
         "reward/std": float(scores.std()) if len(scores) > 1 else 0.0,
         "reward/max": float(scores.max()),
@@ -382,13 +386,16 @@ def _steps(
     """Steps start..total_steps: train, check for divergence, validate, log, checkpoint, honour a signal."""
     tr = session.cfg.trainer
     log, samples = logs
-    skipped = 0
+    skipped = flat = 0
     saved_at = time.monotonic()
     for step in range(start, tr.total_steps + 1):
         metrics = train_step(session, sampler, step, ledger, samples)
         skipped = skipped + 1 if metrics.get("actor/skipped_step") else 0
         if skipped:
             warnings.warn(f"step {step}: non-finite loss or gradient; the update was skipped", stacklevel=1)
+        flat = flat + 1 if _no_signal(session.cfg, metrics) else 0
+        if flat == NO_SIGNAL_STEPS:  # once per such stretch
+            warnings.warn(_no_signal_text(session.cfg, step, metrics), stacklevel=1)
         if skipped >= MAX_SKIPPED_STEPS:
             raise TrainingDiverged(
                 f"{skipped} steps in a row had a non-finite loss; lower train.lr or check the reward scale"
@@ -407,6 +414,22 @@ def _steps(
             saved_at = time.monotonic()
         if stop.signum is not None and not last:
             raise Interrupted(stop.signum, step, saved)
+
+
+def _no_signal(cfg: Config, metrics: dict[str, float]) -> bool:
+    """Every group's rewards were equal, and the estimator's baseline is the group: no advantage at all."""
+    grouped = cfg.algorithm.adv_estimator in algos.GROUP_BASELINES
+    return grouped and metrics.get("reward/zero_std_frac") == 1.0
+
+
+def _no_signal_text(cfg: Config, step: int, metrics: dict[str, float]) -> str:
+    entropy = f", actor/entropy {metrics['actor/entropy']:.2f}" if "actor/entropy" in metrics else ""
+    return (
+        f"steps {step - NO_SIGNAL_STEPS + 1}-{step}: each prompt's {cfg.rollout.n} responses got equal rewards "
+        f"(reward/mean {metrics['reward/mean']:.3f}{entropy}), so {cfg.algorithm.adv_estimator} had nothing to "
+        "learn from; unless the task is solved the policy may have collapsed: lower train.lr, raise "
+        "rollout.temperature or rollout.n, or give the reward partial credit"
+    )
 
 
 def _due(tr: TrainerConfig, step: int, saved_at: float) -> bool:

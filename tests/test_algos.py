@@ -133,3 +133,11 @@ def test_entropy_and_log_probs_from_logits():
     assert ent[1, 0].item() == pytest.approx(-(0.75 * math.log(0.75) + 0.25 * math.log(0.25)), abs=1e-6)
     lp = algos.log_probs_from_logits(logits, torch.tensor([[0], [1]]))
     assert lp[:, 0].tolist() == pytest.approx([math.log(0.5), math.log(0.25)], abs=1e-6)
+
+
+def test_equal_reward_fraction_counts_groups_of_two_or_more():
+    from lite_verl.algos import equal_reward_fraction
+
+    scores = torch.tensor([1.0, 1.0, 0.0, 1.0, 0.5, 0.5, 2.0])
+    assert equal_reward_fraction(scores, [0, 0, 1, 1, 2, 2, 3]) == pytest.approx(2 / 3)  # group 3 has one
+    assert equal_reward_fraction(scores[:2], torch.tensor([7, 8])) is None  # no group of two

@@ -176,3 +176,21 @@ def test_anomaly_detection_names_the_operation_that_made_the_nan(monkeypatch):
         handle.remove()
     finally:
         torch.autograd.set_detect_anomaly(False)
+
+
+def test_steps_without_a_single_unequal_group_are_said_once(tmp_path):
+    """A reward that is the same for every response (a collapsed policy, a broken reward): GRPO has no
+    advantage; reward/zero_std_frac is 1 at every step and after 3 such steps the run says so, once."""
+    (tmp_path / "flat.py").write_text(
+        "def f(data_source, solution_str, ground_truth, extra_info):\n    return 0.1\n"
+    )
+    cfg = load_config(
+        "laptop", None, [*SMALL, "trainer.total_steps=4", f"reward.function={tmp_path / 'flat.py'}:f"]
+    )
+    run = RunDir(tmp_path / "run")
+    run.create(cfg)
+    with pytest.warns(UserWarning, match=r"steps 1-3: each prompt's 4 responses got equal rewards") as seen:
+        run_training(prepare(cfg), run)
+    assert sum("equal rewards" in str(w.message) for w in seen) == 1  # not again at step 4
+    rows = [m for m in read_metrics(run.path) if "reward/mean" in m]
+    assert [m["reward/zero_std_frac"] for m in rows] == [1.0] * 4

@@ -393,7 +393,9 @@ def test_log_probs_read_alike_from_vllm_dicts_and_flat_lists(flat):
 
     entries = create_prompt_logprobs(flat)  # position 0 has no entry, as for a prompt's first token
     for token_ids, values in ([7, 3], [-0.5, -0.1]), ([5], [-1.25]), ([2, 9], [-2.0, -0.25]):
-        append_logprobs_for_next_position(entries, token_ids, values, [None] * len(values), 1, len(values) - 1)
+        append_logprobs_for_next_position(
+            entries, token_ids, values, [None] * len(values), 1, len(values) - 1
+        )
     got = _position_logprobs(entries, [4, 3, 5, 8])  # 3 is position 1's second entry; 8 is not present
     assert got[0] != got[0]  # NaN
     assert got[1:] == [-0.1, -1.25, -2.0]  # an absent token reads the first (the sampled) entry

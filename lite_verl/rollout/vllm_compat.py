@@ -42,7 +42,9 @@ def flat_logprobs() -> dict[str, bool]:
     processing builds on the host for every decoded token of every row."""
     from vllm import SamplingParams
 
-    fields = getattr(SamplingParams, "__struct_fields__", ()) or getattr(SamplingParams, "__annotations__", {})
+    fields = getattr(SamplingParams, "__struct_fields__", ()) or getattr(
+        SamplingParams, "__annotations__", {}
+    )
     return {"flat_logprobs": True} if "flat_logprobs" in fields else {}
 
 

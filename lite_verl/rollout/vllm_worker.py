@@ -180,7 +180,11 @@ class _Server:
         from lite_verl.rollout.vllm_compat import flat_logprobs, prompt_logprobs, tokens_prompt
 
         params = SamplingParams(
-            max_tokens=1, prompt_logprobs=0, temperature=temperature or 1.0, detokenize=False, **flat_logprobs()
+            max_tokens=1,
+            prompt_logprobs=0,
+            temperature=temperature or 1.0,
+            detokenize=False,
+            **flat_logprobs(),
         )
         outs = self.llm.generate(
             [tokens_prompt(s) for s in sequences], params, lora_request=self.lora, use_tqdm=False
