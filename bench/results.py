@@ -55,7 +55,11 @@ NOTES = {  # what a reader must know about a table that its rows do not say
     "accuracy on 64 held-out prompts 0.14 before -> 0.00 at step 10; from step 8 every sample ends `#### 7` (right only "
     "when 7 is the answer), the reward sits at the 0.1 format credit, entropy 2.08 -> 0.51 and the gradient norm "
     "0.77 -> 0.007 (a group of equal rewards has no advantage). ~2.5 min a step on 2 cores; stopped by SIGTERM after "
-    "step 12 (checkpoint written, the run resumable).",
+    "step 12 (checkpoint written, the run resumable). At lr 5e-5 the same collapse came slower: greedy 0.14 -> 0.05 at "
+    "step 6, entropy 2.08 -> 0.58 by step 9, reward at the format credit (stopped after step 9). Sampled at T=1 this base "
+    "model scores 0.014 mean reward where greedy scores 0.23: the wide tail of its samples is rarely in the format, so "
+    "the 0.1 credit for any formatted answer is the first and easiest thing to learn, and a fixed formatted number "
+    "collects it. The GPU job now samples at 0.7 with no credit for a wrong answer (gpu_recipes.sh BASE_FRAME).",
     "profile_update": "One GRPO update (bench/profile_update.py) of a random Qwen2.5-1.5B-shaped model on the "
     "H200, the 4090x1 preset's 8 sequences per forward/backward. 2026-12-05 (0f8f221, LoRA under bf16 "
     "autocast): 11.26 s, peak 4.26 GiB: the same as the 11.1 s the issue measured with fp32 adapters, because "

@@ -428,7 +428,7 @@ def _no_signal_text(cfg: Config, step: int, metrics: dict[str, float]) -> str:
         f"steps {step - NO_SIGNAL_STEPS + 1}-{step}: each prompt's {cfg.rollout.n} responses got equal rewards "
         f"(reward/mean {metrics['reward/mean']:.3f}{entropy}), so {cfg.algorithm.adv_estimator} had nothing to "
         "learn from; unless the task is solved the policy may have collapsed: lower train.lr, raise "
-        "rollout.temperature or rollout.n, or give the reward partial credit"
+        "rollout.temperature or rollout.n, or make the reward tell the responses apart"
     )
 
 
