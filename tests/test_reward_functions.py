@@ -172,11 +172,15 @@ def test_two_weighted_functions_give_the_weighted_sum_and_a_metric_each(user):
     rollout = RolloutBatch(torch.zeros(n, 2, dtype=torch.long), torch.ones(n, 2, dtype=torch.long),
                            torch.zeros(n, r, dtype=torch.long), torch.ones(n, r, dtype=torch.long),
                            torch.zeros(n, r))  # fmt: skip
-    metrics = _rollout_metrics(rollout, scores, scorer.last_parts)
+    groups = torch.tensor([0, 0, 1])  # the first two responses answer one prompt
+    metrics = _rollout_metrics(rollout, scores, scorer.last_parts, groups)
     assert metrics["reward/mean"] == pytest.approx(0.5)  # the weighted total, as before
+    assert metrics["reward/zero_std_frac"] == 0.0  # 2.0 vs -0.5; the group of one is not counted
     assert metrics["reward/trl_acc/mean"] == pytest.approx(1 / 3)
     assert metrics["reward/length/mean"] == pytest.approx(-1 / 3)
-    assert "reward/trl_acc/mean" not in _rollout_metrics(rollout, scores, {})  # one function: as before
+    assert "reward/trl_acc/mean" not in _rollout_metrics(
+        rollout, scores, {}, groups
+    )  # one function: as before
 
 
 def test_none_is_no_reward_from_that_function(user):
