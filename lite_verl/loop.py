@@ -387,15 +387,17 @@ def _steps(
     tr = session.cfg.trainer
     log, samples = logs
     skipped = flat = 0
+    best = -math.inf  # the highest reward one response got in this process's steps
     saved_at = time.monotonic()
     for step in range(start, tr.total_steps + 1):
         metrics = train_step(session, sampler, step, ledger, samples)
         skipped = skipped + 1 if metrics.get("actor/skipped_step") else 0
         if skipped:
             warnings.warn(f"step {step}: non-finite loss or gradient; the update was skipped", stacklevel=1)
-        flat = flat + 1 if _no_signal(session.cfg, metrics) else 0
+        best = max(best, metrics["reward/max"])
+        flat = flat + 1 if _no_signal(session.cfg, metrics, best) else 0
         if flat == NO_SIGNAL_STEPS:  # once per such stretch
-            warnings.warn(_no_signal_text(session.cfg, step, metrics), stacklevel=1)
+            warnings.warn(_no_signal_text(session.cfg, step, metrics, best), stacklevel=1)
         if skipped >= MAX_SKIPPED_STEPS:
             raise TrainingDiverged(
                 f"{skipped} steps in a row had a non-finite loss; lower train.lr or check the reward scale"
@@ -416,18 +418,19 @@ def _steps(
             raise Interrupted(stop.signum, step, saved)
 
 
-def _no_signal(cfg: Config, metrics: dict[str, float]) -> bool:
-    """Every group's rewards were equal, and the estimator's baseline is the group: no advantage at all."""
+def _no_signal(cfg: Config, metrics: dict[str, float], best: float) -> bool:
+    """Every group's rewards were equal, below the best reward seen (every response at the best is a solved
+    task, as at the end of the laptop run), and the estimator's baseline is the group: no advantage at all."""
     grouped = cfg.algorithm.adv_estimator in algos.GROUP_BASELINES
-    return grouped and metrics.get("reward/zero_std_frac") == 1.0
+    return grouped and metrics.get("reward/zero_std_frac") == 1.0 and metrics["reward/mean"] < best
 
 
-def _no_signal_text(cfg: Config, step: int, metrics: dict[str, float]) -> str:
+def _no_signal_text(cfg: Config, step: int, metrics: dict[str, float], best: float) -> str:
     entropy = f", actor/entropy {metrics['actor/entropy']:.2f}" if "actor/entropy" in metrics else ""
     return (
         f"steps {step - NO_SIGNAL_STEPS + 1}-{step}: each prompt's {cfg.rollout.n} responses got equal rewards "
         f"(reward/mean {metrics['reward/mean']:.3f}{entropy}), so {cfg.algorithm.adv_estimator} had nothing to "
-        "learn from; unless the task is solved the policy may have collapsed: lower train.lr, raise "
+        f"learn from, below the best reward seen ({best:.3f}): the policy may have collapsed: lower train.lr, raise "
         "rollout.temperature or rollout.n, or make the reward tell the responses apart"
     )
 

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import math
+import warnings
 
 import pytest
 import torch
@@ -179,18 +180,30 @@ def test_anomaly_detection_names_the_operation_that_made_the_nan(monkeypatch):
 
 
 def test_steps_without_a_single_unequal_group_are_said_once(tmp_path):
-    """A reward that is the same for every response (a collapsed policy, a broken reward): GRPO has no
-    advantage; reward/zero_std_frac is 1 at every step and after 3 such steps the run says so, once."""
+    """A policy collapsed onto one rewarded-a-little answer: after one response got 1.0, every response gets
+    0.1; GRPO has no advantage, reward/zero_std_frac is 1 from step 2 and after 3 such steps the run says so,
+    once. Every response at the best reward seen (a solved task) is not warned about."""
     (tmp_path / "flat.py").write_text(
-        "def f(data_source, solution_str, ground_truth, extra_info):\n    return 0.1\n"
+        "calls = [0]\n\ndef f(data_source, solution_str, ground_truth, extra_info):\n"
+        "    calls[0] += 1\n    return 1.0 if calls[0] == 1 else 0.1\n"
     )
-    cfg = load_config(
-        "laptop", None, [*SMALL, "trainer.total_steps=4", f"reward.function={tmp_path / 'flat.py'}:f"]
-    )
+    sets = [*SMALL, "trainer.total_steps=5", f"reward.function={tmp_path / 'flat.py'}:f"]
+    cfg = load_config("laptop", None, sets)
     run = RunDir(tmp_path / "run")
     run.create(cfg)
-    with pytest.warns(UserWarning, match=r"steps 1-3: each prompt's 4 responses got equal rewards") as seen:
+    with pytest.warns(UserWarning, match=r"steps 2-4: each prompt's 4 responses got equal rewards") as seen:
         run_training(prepare(cfg), run)
-    assert sum("equal rewards" in str(w.message) for w in seen) == 1  # not again at step 4
+    assert sum("equal rewards" in str(w.message) for w in seen) == 1  # not again at step 5
     rows = [m for m in read_metrics(run.path) if "reward/mean" in m]
-    assert [m["reward/zero_std_frac"] for m in rows] == [1.0] * 4
+    assert [m["reward/zero_std_frac"] for m in rows] == [0.75, 1.0, 1.0, 1.0, 1.0]
+    (tmp_path / "solved.py").write_text(
+        "def f(data_source, solution_str, ground_truth, extra_info):\n    return 1.0\n"
+    )
+    cfg = load_config("laptop", None, [*sets[:-1], f"reward.function={tmp_path / 'solved.py'}:f"])
+    run = RunDir(tmp_path / "solved")
+    run.create(cfg)
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        run_training(prepare(cfg), run)
+    assert not [w for w in seen if "equal rewards" in str(w.message)]
+    assert [m["reward/zero_std_frac"] for m in read_metrics(run.path) if "reward/mean" in m] == [1.0] * 5
