@@ -5,6 +5,7 @@ Imported only inside the rollout worker process, never by `import lite_verl`.
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import inspect
 from typing import Any
@@ -36,15 +37,14 @@ def tokens_prompt(ids: list[int]) -> Any:
         return {"prompt_token_ids": ids}
 
 
+@functools.cache  # once per process: every generate and score call asks
 def flat_logprobs() -> dict[str, bool]:
     """SamplingParams keywords for log-probs as flat lists (vLLM's FlatLogprobs, where this vLLM has it):
     a few lists per request instead of a dict and a Logprob object per token, which the engine's output
     processing builds on the host for every decoded token of every row."""
     from vllm import SamplingParams
 
-    fields = getattr(SamplingParams, "__struct_fields__", ()) or getattr(
-        SamplingParams, "__annotations__", {}
-    )
+    fields = getattr(SamplingParams, "__struct_fields__", None) or SamplingParams.__annotations__
     return {"flat_logprobs": True} if "flat_logprobs" in fields else {}
 
 
@@ -52,8 +52,6 @@ def _position_logprobs(entries: Any, tokens: list[int]) -> list[float]:
     """The log-prob of tokens[i] at position i, from vLLM's per-position log-probs (a list of dicts, or
     FlatLogprobs); a position without an entry is NaN. The chosen token is matched by id, else the first
     entry (the sampled token comes first in vLLM's sampler output)."""
-    if entries is None:
-        return [float("nan")] * len(tokens)
     starts = getattr(entries, "start_indices", None)
     if starts is None:  # a list of {token_id: Logprob}
         return [

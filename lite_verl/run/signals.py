@@ -170,9 +170,8 @@ class _Relay:
         main = threading.main_thread().ident
         while (signum := self._queue.get()) is not None:
             time.sleep(0.001)  # after the handler returned (called earlier, it defers once more)
-            if (
-                main is not None and not self._closed
-            ):  # the signal itself, so that a blocking call (a sleep) is interrupted
+            # the signal itself, not interrupt_main(): a blocking call (a sleep) is interrupted too
+            if main is not None and not self._closed:
                 signal.pthread_kill(main, signum)
 
 
