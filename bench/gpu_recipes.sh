@@ -29,6 +29,8 @@ case "${1:-}" in
     (cd /tmp && sha256sum -c /tmp/mparts/models.tar.sha256 >/dev/null) || { echo "model chunks: checksum mismatch" >&2; exit 1; }
     tar xf /tmp/models.tar -C /tmp/models && rm /tmp/models.tar && ls -la /tmp/models
     [ -d /tmp/models/gsm8k ] && rm -rf /tmp/gsm8k && mv /tmp/models/gsm8k /tmp/gsm8k  # GSM8K may travel in the model tar
+    # transformers 5.19 for import-gguf only (bench/gpu_stage.sh says why)
+    ls /tmp/models/transformers-*.whl >/dev/null 2>&1 && python3 -m pip install -q --no-deps --target /tmp/tf-import /tmp/models/transformers-*.whl
     rm -rf /tmp/lv && mkdir /tmp/lv && tar -C "$PWD" --exclude=./.stage -cf - . | tar -C /tmp/lv -xf - && cd /tmp/lv
     cp bench/results.jsonl /tmp/results.before
     echo "${LITE_VERL_COMMIT:-unknown}" > /tmp/lv.commit
@@ -58,7 +60,7 @@ case "${1:-}" in
     ;;
   wait) ;;
   chain)  # NAME GGUF JOBS: import the model, then its jobs (run by start, in the background)
-    python3 -m lite_verl import-gguf "/tmp/models/$3" "/tmp/models/$2" || exit 1
+    PYTHONPATH=/tmp/tf-import:$PYTHONPATH python3 -m lite_verl import-gguf "/tmp/models/$3" "/tmp/models/$2" || exit 1
     BASE_FRAME='gemma:arithmetic:data.apply_chat_template=false;gemma:arithmetic:rollout.max_new_tokens=64;gemma:arithmetic:rollout.stop=["\n\nQuestion:"];gemma:arithmetic:rollout.temperature=0.7;gemma:arithmetic:reward.functions=[{fn: gsm8k}];gemma:arithmetic:data.prompt_template=Question: Tom has 5 pens, buys 3 more, then gives away 2. How many pens does Tom have?\nAnswer: 5 + 3 = 8, 8 - 2 = 6.\n#### 6\n\nQuestion: {prompt}\nAnswer:'
     JS=(); IFS=';' read -ra parts <<< "${JOB_SETS:-$BASE_FRAME}"; for p in "${parts[@]}"; do [ -n "$p" ] && JS+=(--job-set "$p"); done
     # EXTRA_SETS: more hardware knobs for every command, space-separated (e.g. rollout.engine=hf: HF generate on

@@ -32,6 +32,10 @@ if [ "$GEMMA" = 1 ]; then  # ../shared/MODELS.md: four parts, concatenated in or
   echo "a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818  $work/models/gemma-3-270m-q4_k_m.gguf" \
     | sha256sum -c --quiet
 fi
+# The machine's transformers (5.17) rebuilds Gemma's GGUF merges in the wrong order ('Question' -> 'Qu' 'est' 'ion':
+# greedy accuracy 0 on 2026-12-05 and 12-07, where the CPU's 5.19 import scored 0.14), and import-gguf now refuses it:
+# 5.19's wheel travels with the models and gpu_recipes.sh imports with it alone (vLLM and training keep the machine's)
+pip download -q --no-deps -d "$work/models" transformers==5.19.0
 cp "$SHARED"/data/gsm8k/train.jsonl "$SHARED"/data/gsm8k/test.jsonl "$work/models/gsm8k/"
 tar cf "$work/models.tar" -C "$work/models" .
 (cd "$work" && sha256sum models.tar > models.tar.sha256)

@@ -7,7 +7,10 @@ transformers dequantizes GGUF on load but refuses to `save_pretrained` such a mo
 are copied into a clean model built from the same config (without its quantization_config).
 transformers' GGUF tokenizer ignores the file's `tokenizer.ggml.add_bos_token` (Gemma's GGUF sets it, and
 Gemma without <bos> degenerates), so the importer carries that flag (and add_eos_token) into the saved
-tokenizer: its post-processor adds the token, and tokenizer_config.json says so.
+tokenizer: its post-processor adds the token, and tokenizer_config.json says so. The tokenizer transformers
+builds must also split text as the model was trained to: before 5.19 it rebuilt Gemma's missing merges in the
+wrong order ('Question' -> 'Qu' 'est' 'ion'; a model fed such ids answers nothing right), so the import checks
+that the vocabulary's own words come back whole and refuses otherwise.
 """
 
 from __future__ import annotations
@@ -20,7 +23,11 @@ from pathlib import Path
 
 from lite_verl.errors import MissingDependency, ModelError
 
-IMPORT_VERSION = 1  # bump when the import below changes, so cached imports are redone
+# bump when the import below changes, so cached imports are redone (2: the tokenizer check)
+IMPORT_VERSION = 2
+WHOLE_WORDS_MIN = 0.95  # share of vocabulary words a sound tokenizer keeps whole (Gemma, SmolLM2: 0.999-1.0;
+# Gemma's under transformers 5.17: 0.64)
+WORDS_CHECKED = 2000
 
 
 def import_gguf(gguf_file: str | Path, out_dir: str | Path, dtype: str = "bfloat16") -> Path:
@@ -38,6 +45,7 @@ def import_gguf(gguf_file: str | Path, out_dir: str | Path, dtype: str = "bfloat
     folder, name = str(src.parent), src.name
     try:
         tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
+        check_word_split(tokenizer, src)  # before the weights: dequantizing takes minutes on a laptop
         loaded = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32)
     except (ValueError, OSError, KeyError) as e:
         raise ModelError(
@@ -59,6 +67,55 @@ def import_gguf(gguf_file: str | Path, out_dir: str | Path, dtype: str = "bfloat
             tok_config = tmp / "tokenizer_config.json"
             tok_config.write_text(json.dumps({**json.loads(tok_config.read_text()), **flags}, indent=2))
     return out
+
+
+def check_word_split(tokenizer, src: Path) -> None:
+    """Refuse a tokenizer that splits its own vocabulary's words: the model never saw such ids."""
+    import transformers
+
+    whole, broken = words_kept_whole(tokenizer)
+    if whole >= WHOLE_WORDS_MIN:
+        return
+    word, pieces = broken
+    raise ModelError(
+        f"{src}: the tokenizer transformers {transformers.__version__} builds from this file splits "
+        f"{1 - whole:.0%} of its own vocabulary's words (e.g. {word!r} -> {' '.join(map(repr, pieces))}), "
+        "so the model would read ids it was never trained on; upgrade transformers "
+        "(pip install -U 'transformers>=5.19') and import again"
+    )
+
+
+def words_kept_whole(tokenizer, limit: int = WORDS_CHECKED) -> tuple[float, tuple[str, list[str]]]:
+    """Of the first `limit` multi-character, non-special vocabulary entries its pre-tokenizer keeps in one
+    piece, the share that the tokenizer encodes back to that one entry; and the first one it splits, with
+    its pieces."""
+    special = set(tokenizer.all_special_ids)
+    ids, texts = [], []
+    for i in range(len(tokenizer)):
+        piece = tokenizer.convert_ids_to_tokens(i)
+        if i in special or not piece or len(piece) < 2 or piece.startswith("<"):
+            continue  # specials and byte-fallback tokens (<0x0A>) are not written as text
+        text = tokenizer.convert_tokens_to_string([piece])
+        if text.strip() and one_pre_token(tokenizer, text):
+            ids.append(i)
+            texts.append(text)
+        if len(ids) == limit:
+            break
+    encoded = tokenizer(texts, add_special_tokens=False)["input_ids"] if texts else []
+    split = [(t, e) for i, t, e in zip(ids, texts, encoded) if e != [i]]
+    first = (split[0][0], tokenizer.convert_ids_to_tokens(split[0][1])) if split else ("", [])
+    return 1 - len(split) / max(len(ids), 1), first
+
+
+def one_pre_token(tokenizer, text: str) -> bool:
+    """Whether the tokenizer's pre-tokenizer leaves `text` in one piece: entries it splits (Qwen's digits
+    come one by one, so its ' 1' is never produced) cannot come back whole however sound the merges are."""
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is None or backend.pre_tokenizer is None:
+        return True
+    if backend.normalizer is not None:
+        text = backend.normalizer.normalize_str(text)
+    return len(backend.pre_tokenizer.pre_tokenize_str(text)) == 1
 
 
 def special_token_flags(gguf_file: Path) -> dict[str, bool]:
