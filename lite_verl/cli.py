@@ -222,6 +222,8 @@ def _add_run_commands(sub) -> None:
     _add_config_args(p)
     p.add_argument("--k", type=int, default=4, help="samples per prompt for mean@k and pass@k (default 4)")
     p.add_argument("--correct", type=float, default=1.0, help="a reward at least this counts as correct")
+    p.add_argument("--correct-fn", default="", metavar="NAME", help="with several reward.functions: the one whose "
+                   "own score is judged (default: the first)")  # fmt: skip
     p.add_argument("--limit", type=int, default=0, help="evaluate the first N prompts (default: all)")
     p.add_argument("--out", help="write the result as JSON here")
 
@@ -561,7 +563,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
         raise UserError(f"--k {args.k}: give at least 1 sample per prompt")
     sets = [*args.sets, *([f"data.val_size={args.limit}"] if args.limit else [])]
     run_eval(args.target, args.preset, args.config, sets, args.k, args.correct, Path(args.out) if args.out else None,
-             limit=args.limit, recipe=args.recipe)  # fmt: skip
+             limit=args.limit, recipe=args.recipe, correct_fn=args.correct_fn)  # fmt: skip
     return 0
 
 

@@ -162,7 +162,8 @@ def _greedy_baselines(session: Session, rows_idx: list[int]) -> torch.Tensor:
 def train_step(
     session: Session, sampler: PromptSampler, step: int, ledger: Ledger, samples: SamplesLog | None = None
 ) -> dict[str, float]:
-    """One step: rollout -> reward -> (engine sleeps) -> update -> sync, each phase timed; a few of the
+    """One step: rollout -> reward -> (engine sleeps; the trainer comes back to the card) -> update -> sync
+    (-> the trainer leaves the card with train.offload_during_rollout), each phase timed; a few of the
     step's completions go to `samples` (RUN/samples.jsonl) when it is due."""
     n = session.cfg.rollout.n
     session.scorer.start_step()  # an idle reward model gives its GPU back
@@ -179,6 +180,8 @@ def train_step(
     group_ids = torch.arange(len(rows_idx)).repeat_interleave(n)
     with timer.phase("sleep"):
         session.engine.sleep()  # colocated vLLM frees its KV cache for the trainer
+        if session.cfg.train.offload_during_rollout:
+            session.backend.unpark()
     keep_samples = samples is not None and samples.due(step)
     with timer.phase("update"), ledger.busy_on("train"):  # billed on every train GPU
         advantages: list[torch.Tensor] = []  # [N] each response's first-token advantage, when sampled
@@ -186,6 +189,8 @@ def train_step(
         metrics = train_update(session, batch, advantages.append if keep_samples else None)
     with timer.phase("sync"):
         sync_s = session.engine.sync_weights(step)  # with a rollout in flight: waits for it, then loads
+    with timer.phase("sleep"):
+        _park_trainer(session)
     metrics.update(waited)
     metrics.update(_overlap(session, timer.spans["update"]))
     metrics.update(_rollout_metrics(rollout, scores, session.scorer.last_parts, group_ids))
@@ -195,6 +200,13 @@ def train_step(
         parts, adv = session.scorer.last_parts, (advantages[0] if advantages else None)
         samples.record(step, rows, texts, rollout, scores, parts, adv, session.engine.eos_ids)
     return metrics
+
+
+def _park_trainer(session: Session) -> None:
+    """train.offload_during_rollout: the trainer's tensors wait in host memory until the next update, so a
+    colocated vLLM has the card to itself while it generates (its KV cache comes back after this)."""
+    if session.cfg.train.offload_during_rollout:
+        session.backend.park()
 
 
 def _rollout(
@@ -327,6 +339,7 @@ def run_training(session: Session, run: RunDir, resume: bool = False) -> dict[st
     ledger = Ledger.from_config(cfg)
     session.scorer.bill_to(ledger)  # a reward model's device is billed while the model is loaded
     start, consumed = _resume(session, run, ledger) if resume else (1, 0)
+    _park_trainer(session)  # before any rollout, validation included
     try:
         log = MetricsLog(run.path, cfg, resume_step=start - 1 if resume else None)  # trainer.loggers
     except BaseException:  # a tracker that cannot start its run

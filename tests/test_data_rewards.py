@@ -137,7 +137,9 @@ def test_user_reward_function(tmp_path):
 
     assert score("length", "abcde") == [0.5]
     assert score("as_dict", "a") == [1.0]
-    with pytest.raises(RewardError, match="raised ValueError: boom on sample 0"):
+    with pytest.raises(
+        RewardError, match=r"raised ValueError: boom \(myreward.py:\d+ in broken\) on sample 0"
+    ):
         score("broken", "a")
     with pytest.raises(RewardError, match="returned nan on sample 0"):
         score("nan", "a")

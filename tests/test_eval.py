@@ -82,3 +82,54 @@ def test_eval_of_a_run_without_checkpoint_is_one_line(tmp_path):
     assert done.returncode != 0
     assert "holds no complete checkpoint" in done.stderr
     assert "Traceback" not in done.stderr
+
+
+def test_eval_of_a_run_under_another_preset_and_recipe_keeps_its_model_and_trainer(tmp_path):
+    """`eval RUN --preset P`: this machine's where/how keys, not the training machine's (its train.backend kept:
+    the checkpoint's format); `--recipe R`: R's task (data, reward, sampling), the run's model and adapter."""
+    from lite_verl.config import load_config
+    from lite_verl.tools.evaluate import run_layer
+
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "config.yaml").write_text(
+        "preset: 4090x1\nrecipe: arithmetic\nmodel: {path: tiny:qwen2, dtype: bfloat16}\n"
+        "train: {backend: qlora, lora_rank: 8, gpus: [0]}\nrollout: {gpus: [0], temperature: 0.9}\n"
+        "data: {task: arithmetic, val_size: 7}\n"
+    )
+    cfg = load_config(None, run_layer(run, "laptop", None, "largest"), [])
+    assert cfg.preset == "laptop" and cfg.recipe == "largest"
+    assert cfg.train.gpus == () and cfg.rollout.gpus == () and cfg.model.dtype == "float32"  # the laptop's
+    assert cfg.train.backend == "qlora" and cfg.train.lora_rank == 8 and cfg.model.path == "tiny:qwen2"
+    assert cfg.data.task == "largest" and cfg.data.val_size == 500  # the recipe's task, not the run's
+    assert cfg.rollout.temperature == 1.0 and cfg.reward.functions[0].fn == "gsm8k"
+    extra = tmp_path / "extra.yaml"
+    extra.write_text("data: {val_size: 3}\n")
+    cfg = load_config(None, run_layer(run, "laptop", str(extra), None), [])
+    assert cfg.data.task == "arithmetic" and cfg.data.val_size == 3 and cfg.rollout.temperature == 0.9
+
+
+def test_with_several_weighted_rewards_correctness_is_the_first_functions_own_score():
+    """A right answer with a length penalty totals 0.93 < --correct 1.0: judged by the task's function (the
+    first, or --correct-fn), not by the weighted total; None from it is not correct."""
+    from types import SimpleNamespace
+
+    import torch
+
+    from lite_verl.config import load_config
+    from lite_verl.errors import UserError
+    from lite_verl.tools.evaluate import _judged, judged_by
+
+    part = SourceScores(greedy=[0.93, 0.1], sampled=[[0.93, 0.1], [0.1, 0.1]],
+                        greedy_judged=[1.0, 0.0], sampled_judged=[[1.0, 0.0], [0.0, 0.0]])  # fmt: skip
+    got = part.summary(2, 1.0)
+    assert got["greedy_acc"] == 0.5 and got["pass@2"] == 0.5  # by the total: 0 and 0
+    assert got["greedy"] == pytest.approx(0.515) and got["mean@2"] == pytest.approx(0.3075)
+    two = ["reward.functions=[{fn: gsm8k}, {fn: length, weight: 0.2, args: {max_chars: '64'}}]"]
+    cfg = load_config("laptop", None, two)
+    assert judged_by(cfg, "") == "gsm8k" and judged_by(cfg, "length") == "length"
+    assert judged_by(load_config("laptop", None, []), "") == ""  # one reward: its total
+    with pytest.raises(UserError, match=r"--correct-fn acc: not one of reward.functions \(gsm8k, length\)"):
+        judged_by(cfg, "acc")
+    session = SimpleNamespace(scorer=SimpleNamespace(last_parts={"gsm8k": torch.tensor([1.0, float("nan")])}))
+    assert _judged(session, "gsm8k").tolist() == [1.0, float("-inf")] and _judged(session, "") is None

@@ -437,3 +437,30 @@ def test_growth_keeps_to_the_memory_free_on_a_shared_card(monkeypatch):
     alone = plan_mod.decide_memory_knobs(cfg, QWEN_1_5B, {}).train.micro_batch_size
     shared = plan_mod.decide_memory_knobs(cfg, QWEN_1_5B, {}, free={0: 13.0}).train.micro_batch_size
     assert 8 <= shared < alone
+
+
+def test_a_trainer_offloaded_during_rollouts_leaves_the_card_to_vllm(tmp_path):
+    """train.offload_during_rollout: the card holds vLLM or the trainer's weights, not both at once (the
+    sync: vLLM's weights beside the trainer, its KV cache after); host memory holds the parked copy."""
+    from lite_verl.tools.plan import OVERHEAD_GIB, host_parts, served_weights_gib
+
+    base = ["train.backend=qlora", "rollout.quantization=awq"]
+    cfg = load_config("4090x1", None, base)
+    parked_cfg = load_config("4090x1", None, [*base, "train.offload_during_rollout=true"])
+    (resident,), (parked,) = plan(cfg, QWEN_7B), plan(parked_cfg, QWEN_7B)
+    parts = train_parts(parked_cfg, QWEN_7B)
+    static = parts["train weights"] + parts["LoRA + grads + AdamW"] + OVERHEAD_GIB
+    vllm = parked_cfg.rollout.gpu_memory_utilization * 24
+    update = static + parts["activations"] + parts["LM head working set"]
+    served = served_weights_gib(parked_cfg, QWEN_7B)
+    assert parked.peak_gib == pytest.approx(max(OVERHEAD_GIB + vllm, static + served, update))
+    assert resident.peak_gib == pytest.approx(max(static + vllm, update))
+    assert parked.peak_gib < resident.peak_gib
+    host = host_parts(parked_cfg, QWEN_7B)
+    assert host["trainer's weights and AdamW state (parked during rollouts)"] == pytest.approx(
+        static - OVERHEAD_GIB
+    )
+    for where, extra in (("laptop", []), ("4090x1", ["train.backend=fsdp", "sync.mode=merged"]),
+                         ("3090x2", [])):  # fmt: skip
+        with pytest.raises(ConfigError, match=r"train.offload_during_rollout=true applies to lora/qlora"):
+            load_config(where, None, [*extra, "train.offload_during_rollout=true"])

@@ -68,6 +68,15 @@ USER = textwrap.dedent(
 
     def neither(a, b):
         return 1.0
+
+    def verl_bool(data_source, solution_str, ground_truth, extra_info=None):
+        return str(ground_truth) in solution_str
+
+    def trl_bools(completions, **kwargs):
+        return [c == "yes" for c in completions]
+
+    def trl_all_none(completions, **kwargs):
+        return [None] * len(completions)
     """
 )
 
@@ -271,6 +280,28 @@ def test_boxed_builtin_with_math_verify():
     assert boxed(texts, truth) == [1.0, 0.0, 1.0, None]
 
 
+def test_a_bool_is_a_reward_of_0_or_1_and_a_function_that_scores_nothing_is_warned_about_once(user):
+    """TRL and verl read True/False as 1/0; a TRL function that returns None for every response scored
+    nothing, which is worth one warning (TRL warns too), not an error."""
+    verl = make_scorer(RewardConfig(function=f"{user}:verl_bool", isolate=False))
+    assert verl.score([row(answer="2"), row(answer="3")], ["x 2", "x 2"]).tolist() == [1.0, 0.0]
+    trl = make_scorer(RewardConfig(function=f"{user}:trl_bools"))  # isolated: through the worker's pipe
+    try:
+        assert trl.score([row()] * 2, ["yes", "no"]).tolist() == [1.0, 0.0]
+    finally:
+        trl.close()
+    nothing = make_scorer(RewardConfig(function=f"{user}:trl_all_none", isolate=False))
+    with pytest.warns(
+        UserWarning, match=r"trl_all_none returned None for all 2 responses: it scored nothing"
+    ):
+        assert nothing.score([row()] * 2, ["a", "b"]).tolist() == [0.0, 0.0]
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # once per function
+        nothing.score([row()] * 2, ["a", "b"])
+
+
 def test_isolated_worker_runs_a_trl_function_and_reports_a_timeout_in_one_line(user):
     rows = [row(answer=2), row(answer=4)]
     scorer = make_scorer(RewardConfig(function=f"{user}:trl_acc"))
@@ -300,7 +331,11 @@ def test_isolated_worker_on_error_default_scores_the_failed_function(user, capsy
     finally:
         scorer.close()
     assert scores.tolist() == [1.0, -1.0]  # -1 from the failed function, + 2 x format
-    assert "raised ValueError: bad batch on its batch (samples 0..1); scored -1.0" in capsys.readouterr().err
+    line = USER.splitlines().index('    raise ValueError("bad batch")') + 1  # the user's line, not ours
+    said = (
+        f"raised ValueError: bad batch (rw.py:{line} in trl_raises) on its batch (samples 0..1); scored -1.0"
+    )
+    assert said in capsys.readouterr().err
 
 
 def test_reward_functions_config(user):

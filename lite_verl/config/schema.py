@@ -260,6 +260,13 @@ class TrainConfig:
         "fsdp/deepspeed: AdamW state, fp32 masters and gradients in host memory (fsdp: together with offload_params)",
         where=True,
     )
+    offload_during_rollout: bool = key(
+        False,
+        "lora/qlora with a colocated vLLM (the hybrid engine): the trainer's weights, adapters and AdamW state wait in "
+        "pinned host memory while vLLM generates, so the card holds one of the two at a time (costs two host copies "
+        "of the trainer's weights per step)",
+        where=True,
+    )
     optimizer_state_dtype: OptimizerStateDtype = key(
         "float32",
         "AdamW's m and v with train.backend=fsdp (fp32 master weights either way; bfloat16: 12 instead of 16 bytes per parameter, the host memory a 7B fsdp offload needs goes from 113 to 85 GiB)",

@@ -309,6 +309,16 @@ def _check_reward_trainer(cfg: Config) -> None:
 def _check_full_finetuning(cfg: Config) -> None:
     """train.backend=fsdp|deepspeed (train/full.py) and its offload knobs."""
     t = cfg.train
+    if t.offload_during_rollout and (t.full_finetune or not cfg.hybrid):
+        fix = (
+            "fsdp/deepspeed offload with train.offload_params" if t.full_finetune
+            else "it needs rollout.engine=vllm on the train GPUs with rollout.colocate=true"
+        )  # fmt: skip
+        raise ConfigError(
+            f"train.offload_during_rollout=true applies to lora/qlora sharing its GPUs with a sleeping vLLM "
+            f"(train.backend={t.backend}, rollout.engine={cfg.rollout.engine}, rollout.gpus={list(cfg.rollout.gpus)}, "
+            f"train.gpus={list(t.gpus)}): {fix}; or set train.offload_during_rollout=false"
+        )
     if t.optimizer_state_dtype != "float32" and t.backend != "fsdp":
         raise ConfigError(
             f"train.optimizer_state_dtype={t.optimizer_state_dtype} applies to train.backend=fsdp (AdamW over "

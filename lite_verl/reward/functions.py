@@ -23,6 +23,7 @@ from __future__ import annotations
 import inspect
 import numbers
 import sys
+import warnings
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal, NamedTuple
@@ -220,9 +221,9 @@ def plain(value: Any, batched: bool) -> Any:
             return repr(value)
     if isinstance(value, dict):
         value = value.get("score")
-    if value is None or isinstance(value, bool):
-        return value  # check_value names a bool
-    return float(value) if isinstance(value, numbers.Real) else repr(value)
+    if value is None:
+        return value
+    return float(value) if isinstance(value, numbers.Real) else repr(value)  # a bool: 0.0 or 1.0
 
 
 def read_values(f: RewardFunction, call: Call, value: Any, samples: Sequence[Sample]) -> list[float | None]:
@@ -248,6 +249,19 @@ def where(f: RewardFunction, call: Call, samples: Sequence[Sample]) -> str:
     return f"on sample {call.first} (data_source {samples[call.first].data_source!r})"
 
 
+def raised(e: BaseException) -> str:
+    """'IndexError: list index out of range (rewards.py:12 in parse)': the error and the line of the user's code
+    it came from (the innermost frame outside Python's and the installed packages' files)."""
+    import sysconfig
+    import traceback
+
+    frames = traceback.extract_tb(e.__traceback__)
+    libraries = {sysconfig.get_paths()[k] for k in ("stdlib", "purelib", "platlib")}
+    mine = [f for f in frames if not any(f.filename.startswith(lib) for lib in libraries)] or frames
+    at = f" ({mine[-1].filename.rsplit('/', 1)[-1]}:{mine[-1].lineno} in {mine[-1].name})" if mine else ""
+    return f"{type(e).__name__}: {e}{at}"
+
+
 def call_in_process(f: RewardFunction, samples: Sequence[Sample]) -> list[float | None]:
     """One value per sample, calling `f` here; a raise is a RewardError naming the sample."""
     values: list[float | None] = []
@@ -257,11 +271,12 @@ def call_in_process(f: RewardFunction, samples: Sequence[Sample]) -> list[float 
         except RewardError:
             raise
         except Exception as e:  # noqa: BLE001 - the user's function may raise anything
-            raise RewardError(
-                f"{f.spec.label} raised {type(e).__name__}: {e} {where(f, call, samples)}"
-            ) from None
+            raise RewardError(f"{f.spec.label} raised {raised(e)} {where(f, call, samples)}") from None
         values += read_values(f, call, plain(value, f.shape == "trl"), samples)
     return values
+
+
+_SCORED_NOTHING: set[str] = set()  # functions already warned about
 
 
 def total_and_parts(
@@ -274,6 +289,13 @@ def total_and_parts(
     n = len(values[0]) if values else 0
     total = [0.0] * n
     for f, vals in zip(functions, values):
+        if vals and all(v is None for v in vals) and f.spec.label not in _SCORED_NOTHING:
+            _SCORED_NOTHING.add(f.spec.label)  # once per function: None is TRL's "not mine", all of it is odd
+            warnings.warn(
+                f"{f.spec.label} returned None for all {len(vals)} responses: it scored nothing (None means "
+                "'not mine'); check which rows it should score",
+                stacklevel=1,
+            )
         for i, v in enumerate(vals):
             if v is not None:
                 total[i] += f.spec.weight * v

@@ -136,9 +136,9 @@ def _importable_from(folder: Path) -> None:
 
 
 def check_value(value: Any, i: int, data_source: str, name: str) -> float:
-    """A reward must be a finite number (numpy's too, not a bool); anything else is a RewardError naming
-    the sample."""
-    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value):
+    """A reward must be a finite number (numpy's too; a bool is 0 or 1, as TRL and verl read it); anything
+    else is a RewardError naming the sample."""
+    if not isinstance(value, numbers.Real) or not math.isfinite(value):
         raise RewardError(
             f"{name} returned {value!r} on sample {i} (data_source {data_source!r}); it must return a finite float"
         )

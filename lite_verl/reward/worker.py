@@ -28,6 +28,7 @@ from lite_verl.reward.functions import (
     calls_of,
     load_function,
     plain,
+    raised,
     read_values,
     samples_of,
     total_and_parts,
@@ -69,7 +70,7 @@ def _serve_forever(functions: list[RewardFunction], conn: Any) -> None:  # pragm
             try:
                 answer = ("ok", plain(f.fn(*call.args, **call.kwargs), f.shape == "trl"))
             except Exception as e:  # noqa: BLE001 - the user's function may raise anything
-                answer = ("err", f"{type(e).__name__}: {e}")
+                answer = ("err", raised(e))
             conn.send(answer)
 
 

@@ -92,7 +92,10 @@ class VLLMRolloutEngine:
         require_vllm()
         same_gpus = bool(cfg.rollout.gpus) and cfg.rollout.gpus == cfg.train.gpus
         options = worker_options(cfg, model_path, colocated=cfg.hybrid)
-        return cls(cfg.rollout, cfg.sync, options, tokenizer, backend, same_gpus)
+        engine = cls(cfg.rollout, cfg.sync, options, tokenizer, backend, same_gpus)
+        # the trainer leaves the card after each sync: the KV cache waits for it (wake(weights_only=True))
+        engine.kv_after_sync = cfg.train.offload_during_rollout
+        return engine
 
     def __init__(
         self,
@@ -117,6 +120,8 @@ class VLLMRolloutEngine:
         # rollout.quantization=awq: how trained weights map into the 4-bit model
         self.recipe = _awq_recipe(rollout, Path(options.model))
         self.sleeping = False
+        self.weights_awake = False  # asleep but for the weights: a sync woke them, the KV cache comes later
+        self.kv_after_sync = False
         self.version = 0
         self.last_sync_parts: dict[str, float] = {}
         # an async generate in flight: (prompts, sampling, greedy copies)
@@ -240,7 +245,8 @@ class VLLMRolloutEngine:
 
     def sync_weights(self, step: int) -> float:
         t0 = time.perf_counter()
-        self.wake(reload=self.mode != "merged")  # a merged sync reloads every weight itself
+        # a merged sync reloads every weight itself
+        self.wake(reload=self.mode != "merged", weights_only=self.kv_after_sync)
         if self.mode == "adapter":
             self._push_adapter(step)
         else:
@@ -253,14 +259,22 @@ class VLLMRolloutEngine:
             self._call("sleep", level=self.rollout.sleep_level)
             self.sleeping = True
 
-    def wake(self, reload: bool = True) -> None:
+    def wake(self, reload: bool = True, weights_only: bool = False) -> None:
         """Take back the KV cache; after rollout.sleep_level=2 also the weights (unless `reload` is False:
-        a merged sync is about to load them all anyway)."""
-        if self.sleeping:
-            self._call("wake")
-            self.sleeping = False
+        a merged sync is about to load them all anyway). `weights_only`: the weights alone, for a sync
+        before the trainer leaves the card (train.offload_during_rollout); the next wake takes the rest."""
+        if not self.sleeping or (weights_only and self.weights_awake):
+            return
+        if not self.weights_awake:
+            self._call("wake", tags=["weights"] if weights_only else None)
             if self.rollout.sleep_level == 2 and reload:  # its weights were discarded: the trainer's
                 self._push_merged()
+        if weights_only:
+            self.weights_awake = True
+            return
+        if self.weights_awake:
+            self._call("wake", tags=["kv_cache"])
+        self.sleeping = self.weights_awake = False
 
     # --- weight sync -----------------------------------------------------------------------------
     def _push_adapter(self, step: int) -> None:

@@ -256,8 +256,9 @@ class _Server:
             self.llm.collective_rpc("wake_up", kwargs={"tags": None})  # the workers' memory, back in place
             time.sleep(1.0)
 
-    def wake(self) -> None:
-        self.llm.wake_up()
+    def wake(self, tags: list[str] | None = None) -> None:
+        """All it freed, or only `tags` of vLLM's ("weights", "kv_cache")."""
+        self.llm.wake_up(tags=tags)
 
     def stats(self) -> dict[str, Any]:
         info: dict[str, Any] = {"lora": getattr(self.lora, "lora_int_id", None)}

@@ -60,7 +60,7 @@ PLACEMENT_KEYS = frozenset({
     "rollout.gpu_memory_utilization", "rollout.kv_cache_gib", "rollout.quantization", "rollout.quantized_path",
     "rollout.awq_group_size", "rollout.enforce_eager", "rollout.colocate", "rollout.sleep_level",
     "train.gpus", "train.cpu_ranks", "train.micro_batch_size", "train.pack_micro_batches", "train.grow_micro_batch",
-    "train.gradient_checkpointing", "train.offload_params", "train.offload_optimizer", "train.max_memory_gib",
+    "train.gradient_checkpointing", "train.offload_params", "train.offload_optimizer", "train.offload_during_rollout", "train.max_memory_gib",
     "reward.device", "reward.keep_alive_s", "sync", "trainer.plan_check", "cost",
 })  # fmt: skip
 # How long it runs and what it records. A longer run stretches a linear/cosine train.lr_scheduler, which is

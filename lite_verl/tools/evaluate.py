@@ -13,7 +13,8 @@ set), so an evaluation scores exactly as training did. Per `data_source`:
   mean@k   the mean reward of k sampled responses per prompt (rollout.temperature, top_p)
   pass@k   the fraction of prompts with at least one correct response among k, estimated without bias
            from n = k samples (Chen et al. 2021, "Evaluating Large Language Models Trained on Code")
-A response is correct when its reward reaches --correct (1.0: what the rule rewards give a right answer).
+A response is correct when its reward reaches --correct (1.0: what the rule rewards give a right answer); with
+several weighted reward.functions, when the first one's own score does (--correct-fn NAME: another one).
 """
 
 from __future__ import annotations
@@ -47,22 +48,29 @@ def pass_at_k(n: int, c: int, k: int) -> float:
 
 @dataclass
 class SourceScores:
-    """One data source's rewards: greedy [prompts], sampled [prompts][k]."""
+    """One data source's rewards: greedy [prompts], sampled [prompts][k]; and what is judged correct when
+    that is not the reward itself (one function of several: `judged_by`), in the same shapes."""
 
     greedy: list[float] = field(default_factory=list)
     sampled: list[list[float]] = field(default_factory=list)
+    greedy_judged: list[float] = field(default_factory=list)
+    sampled_judged: list[list[float]] = field(default_factory=list)
 
     def summary(self, k: int, correct: float) -> dict[str, float]:
+        greedy_judged = self.greedy_judged or self.greedy
         out = {
             "prompts": float(len(self.greedy)),
             "greedy": _mean(self.greedy),
-            "greedy_acc": _mean([float(x >= correct) for x in self.greedy]),
+            "greedy_acc": _mean([float(x >= correct) for x in greedy_judged]),
         }
         if self.sampled:
             flat = [s for row in self.sampled for s in row]
             out[f"mean@{k}"] = _mean(flat)
             out[f"pass@{k}"] = _mean(
-                [pass_at_k(len(r), sum(s >= correct for s in r), k) for r in self.sampled]
+                [
+                    pass_at_k(len(r), sum(s >= correct for s in r), k)
+                    for r in self.sampled_judged or self.sampled
+                ]
             )
         return out
 
@@ -71,8 +79,9 @@ def _mean(xs: list[float]) -> float:
     return sum(xs) / len(xs) if xs else float("nan")
 
 
-def evaluate(session: Session, k: int, correct: float) -> dict[str, dict[str, float]]:
-    """Scores of the session's validation prompts, per data source and over all ('all')."""
+def evaluate(session: Session, k: int, correct: float, judge: str = "") -> dict[str, dict[str, float]]:
+    """Scores of the session's validation prompts, per data source and over all ('all'). Correctness is the
+    reward reaching `correct`; with several reward.functions, the own score of `judge` (judged_by)."""
     from lite_verl.loop import score_prompts, step_seed
     from lite_verl.rollout.base import SamplingSettings
 
@@ -83,13 +92,40 @@ def evaluate(session: Session, k: int, correct: float) -> dict[str, dict[str, fl
     greedy, sampled = SamplingSettings.of(r, greedy=True), SamplingSettings.of(r, n=k)
     seed = step_seed(cfg.trainer.seed, -2)
     g = score_prompts(session, val, greedy, seed)
+    g_judged = _judged(session, judge)
     s = score_prompts(session, val, sampled, seed)
+    s_judged = _judged(session, judge)
     by_source: dict[str, SourceScores] = defaultdict(SourceScores)
     for i, row in enumerate(val.rows):
         for name in (row.data_source, "all"):
-            by_source[name].greedy.append(float(g[i]))
-            by_source[name].sampled.append([float(x) for x in s[i * k : (i + 1) * k]])
+            part = by_source[name]
+            part.greedy.append(float(g[i]))
+            part.sampled.append([float(x) for x in s[i * k : (i + 1) * k]])
+            if g_judged is not None and s_judged is not None:
+                part.greedy_judged.append(float(g_judged[i]))
+                part.sampled_judged.append([float(x) for x in s_judged[i * k : (i + 1) * k]])
     return {name: part.summary(k, correct) for name, part in sorted(by_source.items())}
+
+
+def judged_by(cfg: Config, correct_fn: str) -> str:
+    """The reward function whose own score says right or wrong: --correct-fn, else the first of several
+    reward.functions (the task's, by convention; a format or length term is added after it); '' when one
+    reward decides (then its total is judged). A name that is not one of them is a UserError."""
+    from lite_verl.reward.functions import default_name
+
+    names = [f.name or default_name(f.fn) for f in cfg.reward.functions]
+    if correct_fn and correct_fn not in names:
+        raise UserError(
+            f"--correct-fn {correct_fn}: not one of reward.functions ({', '.join(names) or 'none'})"
+        )
+    return correct_fn or (names[0] if len(names) > 1 else "")
+
+
+def _judged(session: Session, judge: str):
+    """The judged function's values of the last scoring ([N], NaN where it gave None), or None."""
+    if not judge:
+        return None
+    return session.scorer.last_parts[judge].nan_to_num(nan=float("-inf"))
 
 
 def eval_config(
@@ -100,11 +136,12 @@ def eval_config(
     limit: int = 0,
     recipe: str | None = None,
 ) -> tuple[Config, Path | None]:
-    """(config, checkpoint or None). A run directory gives its resolved config and last checkpoint; anything
-    else is a model (model.path) evaluated under the given preset/config. Validation files are read whole
-    unless `limit` (data.val_size caps them in training)."""
+    """(config, checkpoint or None). A run directory gives its resolved config (`run_layer`: with --preset,
+    --recipe or --config applied) and last checkpoint; anything else is a model (model.path) evaluated under
+    the given preset/config. Validation files are read whole unless `limit` (data.val_size caps them in
+    training)."""
     from lite_verl.config import load_config
-    from lite_verl.run.rundir import RunDir, load_run_config
+    from lite_verl.run.rundir import RunDir
 
     run = Path(target)
     if (run / "config.yaml").is_file():
@@ -113,7 +150,7 @@ def eval_config(
             raise UserError(
                 f"eval {run}: the run holds no complete checkpoint yet; evaluate its model instead"
             )
-        cfg, found = load_run_config(run, sets), ckpt
+        cfg, found = load_config(None, run_layer(run, preset, config_file, recipe), sets), ckpt
     else:
         cfg = load_config(preset, config_file, [f"model.path={target}", *sets], recipe=recipe)
         found = None
@@ -122,22 +159,68 @@ def eval_config(
     return cfg, found
 
 
+# what a --recipe brings to the evaluation of a run: its task; the run keeps its model and trainer
+TASK_SECTIONS = ("data", "reward")
+
+
+def run_layer(run: Path, preset: str | None, config_file: str | None, recipe: str | None) -> dict[str, Any]:
+    """A run's config as the layer its evaluation starts from. --preset: this machine's where/how keys in place
+    of the training machine's (train.backend stays: it decides the checkpoint's format). --recipe: its task
+    (data and reward whole, rollout's sampling keys) in place of the run's: a run trained on one task,
+    evaluated on another. --config: its keys over the run's, as --set."""
+    from lite_verl.config.convert import where_keys
+    from lite_verl.config.layers import merge, read_yaml, recipe_layer
+    from lite_verl.run.rundir import run_config_layer
+
+    layer = run_config_layer(run)
+    where = where_keys() - {"train.backend"}
+    if preset:
+        layer = _without(layer, where)
+        layer["preset"] = preset
+    if recipe:
+        task = recipe_layer(recipe)
+        for section in TASK_SECTIONS:
+            layer[section] = task.get(section, {})
+        sampling = _without({"rollout": task.get("rollout", {})}, where)["rollout"]
+        layer["rollout"] = merge(layer.get("rollout", {}), sampling)
+        layer["recipe"] = recipe  # beneath the layer: the new task's defaults, not the old one's
+    if config_file:
+        layer = merge(layer, read_yaml(config_file, "config file"))
+    return layer
+
+
+def _without(layer: dict[str, Any], keys: frozenset[str], prefix: str = "") -> dict[str, Any]:
+    """`layer` (nested dicts) without the dotted `keys` (a section named whole, e.g. sync, goes whole)."""
+    out = {}
+    for k, v in layer.items():
+        dotted = prefix + k
+        if dotted in keys:
+            continue
+        out[k] = _without(v, keys, dotted + ".") if isinstance(v, dict) else v
+    return out
+
+
 def run_eval(target: str, preset: str | None, config_file: str | None, sets: list[str], k: int,
-             correct: float, out: Path | None, limit: int = 0, recipe: str | None = None) -> dict[str, Any]:  # fmt: skip
+             correct: float, out: Path | None, limit: int = 0, recipe: str | None = None,
+             correct_fn: str = "") -> dict[str, Any]:  # fmt: skip
     """Load, evaluate, print the table, write the JSON. -> the result."""
     from lite_verl.loop import prepare
 
     cfg, ckpt = eval_config(target, preset, config_file, sets, limit, recipe)
     cfg = replace(cfg, trainer=replace(cfg.trainer, progress=False))
+    judge = judged_by(cfg, correct_fn)
     session = prepare(cfg)
     try:
         if ckpt is not None:
             session.backend.load(ckpt)  # the trained adapter (or weights); the engine then serves them
             session.engine.sync_weights(int(json.loads((ckpt / "state.json").read_text())["step"]))
-        scores = evaluate(session, k, correct)
+        scores = evaluate(session, k, correct, judge)
     finally:
         session.close()
-    result = {"target": target, "checkpoint": str(ckpt or ""), "k": k, "correct": correct, "scores": scores}
+    result = {"target": target, "checkpoint": str(ckpt or ""), "k": k, "correct": correct,
+              "judged_by": judge or "reward", "scores": scores}  # fmt: skip
+    if judge:
+        print(f"correct: {judge}'s own score >= {correct} (--correct-fn picks another of reward.functions)")
     print(format_table(scores, k))
     from lite_verl.run.files import atomic_write_text
 
@@ -145,7 +228,9 @@ def run_eval(target: str, preset: str | None, config_file: str | None, sets: lis
         atomic_write_text(out, json.dumps(result, indent=2))
     if ckpt is not None:  # a run's checkpoint: kept with the run too, where `lite-verl report` shows it
         (Path(target) / EVAL_DIR).mkdir(exist_ok=True)
-        atomic_write_text(Path(target) / EVAL_DIR / f"{ckpt.name}.json", json.dumps(result, indent=2))
+        task = recipe or (Path(config_file).stem if config_file else "")  # another task: its own file
+        name = f"{ckpt.name}-{task}" if task else ckpt.name
+        atomic_write_text(Path(target) / EVAL_DIR / f"{name}.json", json.dumps(result, indent=2))
     return result
 
 

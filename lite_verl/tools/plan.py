@@ -23,7 +23,9 @@ The model's shape comes from its config.json. Per GPU, the roles placed on it ad
   offload_params. Host memory is checked on its own (host_gib);
 * rollout (vLLM): rollout.gpu_memory_utilization of the card, its weights and KV cache included;
   colocated, vLLM sleeps during the update, so the card's peak is max(trainer's static + vLLM,
-  trainer's static + activations) -- vLLM's weights are offloaded to the host while it sleeps;
+  trainer's static + activations) -- vLLM's weights are offloaded to the host while it sleeps; with
+  train.offload_during_rollout the trainer's static part waits in host memory while vLLM generates:
+  max(overhead + vLLM, static + vLLM's weights (the sync), static + activations);
 * runtime overhead: 0.5 GiB for the trainer process (CUDA context); vLLM's is inside its budget, which
   must also hold its weights (bf16, or AWQ 4-bit) with room for a KV cache.
 A config fits when the peak is within 95% of the card.
@@ -240,6 +242,10 @@ def plan(cfg: Config, shape: Shape, cards: Mapping[str, float] | None = None) ->
             parts["runtime overhead"] = OVERHEAD_GIB
         sleeps = cfg.rollout.colocate and g in cfg.rollout.gpus and g in cfg.train.gpus
         peak = max(static + vllm, static + dynamic) if sleeps else static + vllm + dynamic
+        if sleeps and cfg.train.offload_during_rollout:  # rollout: vLLM alone beside the trainer's process;
+            # sync: vLLM's weights beside the trainer (its KV cache comes back after); update: as without
+            bucket = cfg.sync.bucket_mb / 1024 if cfg.sync.mode == "merged" else 0.0
+            peak = max(OVERHEAD_GIB + vllm, static + served + bucket, static + dynamic)
         alloc = static + dynamic - OVERHEAD_GIB if g in cfg.train.gpus else 0.0
         cap = cfg.train.max_memory_gib if g in cfg.train.gpus else 0.0
         out.append(GpuPlan(g, model, card, parts, peak, served, budget, alloc, cap))
@@ -267,6 +273,10 @@ def host_parts(cfg: Config, shape: Shape) -> dict[str, float]:
         parts["reference policy (offloaded)"] = b * p / GIB
     if cfg.hybrid and cfg.rollout.sleep_level == 1:  # level 2 discards them
         parts["vLLM weights while asleep"] = served_weights_gib(cfg, shape)
+    if t.offload_during_rollout:  # pinned copies kept from step to step, one per train GPU
+        static = train_parts(cfg, shape)
+        per_rank = static["train weights"] + static["LoRA + grads + AdamW"]
+        parts["trainer's weights and AdamW state (parked during rollouts)"] = per_rank * len(t.gpus)
     if not t.gpus:  # the trainer on the CPU: what a GPU plan puts on the card lives in RAM
         parts.update({f"{k} (trainer on the CPU)": v for k, v in train_parts(cfg, shape).items()})
         parts["trainer process (Python, torch, data)"] = CPU_PROCESS_GIB

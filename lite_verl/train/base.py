@@ -182,6 +182,17 @@ class TrainBackend(Protocol):
         on the trainer's device. Sharded: a collective (every rank iterates it)."""
         ...
 
+    # --- the card handed to a colocated vLLM (train.offload_during_rollout) ------------------------
+    def park(self) -> None:
+        """Between updates: every weight, adapter and optimizer state of the trainer to pinned host memory
+        (train/park.py), the card's cache emptied, until `unpark`. Saving still works while parked. Only
+        LoRA parks; full fine-tuning offloads with train.offload_params instead (ConfigError)."""
+        ...
+
+    def unpark(self) -> None:
+        """Back on the card what `park` moved (nothing when not parked)."""
+        ...
+
     # --- checkpoints ------------------------------------------------------------------------------
     def save(self, directory: Path) -> None:
         """The trained state (weights or adapter, optimizer state, critic) into `directory`, which

@@ -4,7 +4,7 @@ A command is a header sent over each follower's pipe -- (name, args, {tensor nam
 followed by the tensors themselves, broadcast from rank 0 over the gloo group in header order. Both
 sides import this module and neither imports the other's, so the format lives in one place.
 
-Command names (`COMMANDS`, plus "stop"): update, generate, buckets, linears, save, load.
+Command names (`COMMANDS`, plus "stop"): update, generate, buckets, linears, save, load, park, unpark.
 """
 
 from __future__ import annotations
@@ -17,7 +17,16 @@ import torch
 
 from lite_verl.batch import RolloutBatch, UpdateBatch
 
-COMMANDS = ("update", "generate", "buckets", "linears", "save", "load")  # what a follower runs
+COMMANDS = (
+    "update",
+    "generate",
+    "buckets",
+    "linears",
+    "save",
+    "load",
+    "park",
+    "unpark",
+)  # what a follower runs
 STOP = "stop"  # leave the group and exit
 
 

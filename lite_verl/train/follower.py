@@ -1,6 +1,6 @@
 """A follower rank of train/group.py: a spawned process that builds the backend as rank 0 does
 (train/rank.py) and then runs the commands rank 0 sends (train/commands.py: update, generate, buckets,
-linears, save, load, stop) until it is told to stop or rank 0 is gone. Its errors go to rank 0 as one
+linears, save, load, park, unpark, stop) until it is told to stop or rank 0 is gone. Its errors go to rank 0 as one
 line; its traceback to stderr. It imports nothing of train/group.py: group starts it, by
 `follower_main`.
 """
@@ -115,3 +115,9 @@ class Follower:
 
     def load(self, args: dict, tensors: dict[str, torch.Tensor]) -> None:
         self.backend.load(Path(args["directory"]))
+
+    def park(self, args: dict, tensors: dict[str, torch.Tensor]) -> None:
+        self.backend.park()
+
+    def unpark(self, args: dict, tensors: dict[str, torch.Tensor]) -> None:
+        self.backend.unpark()

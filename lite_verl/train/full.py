@@ -300,6 +300,15 @@ class FullBackend:
         if bucket:
             yield bucket
 
+    # --- the card handed to a colocated vLLM: not here ---------------------------------------------
+    def park(self) -> None:
+        raise ConfigError(
+            "train.offload_during_rollout is for lora/qlora; full fine-tuning offloads with train.offload_params"
+        )
+
+    def unpark(self) -> None:
+        pass  # never parked
+
     # --- checkpoints ---------------------------------------------------------------------------
     def save(self, directory: Path) -> None:
         """Full weights + optimizer state (the sharding's format) into `directory` (RunDir makes it

@@ -15,6 +15,7 @@ on commands, sent over a pipe (tensors follow by broadcast over gloo; train/comm
             seed, because every forward gathers weights collectively; rank 0's result is used
   buckets, linears  merged sync of fsdp/deepspeed: weights gathered module by module, collectively
   save, load  checkpoints (sharded backends gather; LoRA followers load the same files)
+  park, unpark  LoRA's tensors to host memory and back around a colocated vLLM's rollout
   stop      leave the group and exit
 
 A LoRA adapter is replicated, so rank 0 alone exports, merges and saves it. The controller's backend
@@ -313,6 +314,12 @@ class GroupBackend:
         with self.group.guard():
             self.group.send("buckets", {"bucket_bytes": bucket_bytes, "dtype": dtype})
             yield from self.local.merged_weight_buckets(bucket_bytes, dtype)
+
+    def park(self) -> None:  # every rank: a colocated vLLM may share any of the train GPUs
+        self.group.run("park", self.local.park)
+
+    def unpark(self) -> None:
+        self.group.run("unpark", self.local.unpark)
 
     def save(self, directory: Path) -> None:
         if not self.sharded:  # the replicated adapter: rank 0's copy is every rank's

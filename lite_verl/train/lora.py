@@ -38,6 +38,7 @@ from lite_verl.train.base import (
 )
 from lite_verl.train.dist import sum_gradients
 from lite_verl.train.head import response_log_probs
+from lite_verl.train.park import HostPark
 
 
 def dense_weight(linear: torch.nn.Module) -> torch.Tensor:
@@ -120,6 +121,7 @@ class LoraBackend:
         self._adapter_writer = FlatFileWriter()
         self.critic_params: list[torch.nn.Parameter] = []
         self.critic_optimizer: torch.optim.Optimizer | None = None
+        self._parking = HostPark(device)
 
     # --- critic: a second adapter on the same frozen base, plus a value head ----------------------
     def enable_critic(self, cfg: CriticConfig) -> None:
@@ -371,6 +373,20 @@ class LoraBackend:
                 bucket, size = [], 0
         if bucket:
             yield bucket
+
+    # --- the card handed to a colocated vLLM ----------------------------------------------------
+    def park(self) -> None:
+        self._adapter_tensors = None  # views of the storage that moves
+        self._parking.park(*self._held())
+
+    def unpark(self) -> None:
+        self._parking.unpark(*self._held())
+        self._adapter_tensors = None
+
+    def _held(self) -> tuple[list[torch.nn.Module], list[torch.optim.Optimizer]]:
+        modules = [self.model] + ([self.value_head] if self.value_head is not None else [])
+        optimizers = [self.optimizer] + ([self.critic_optimizer] if self.critic_optimizer is not None else [])
+        return modules, optimizers
 
     # --- checkpoints ---------------------------------------------------------------------------
     def save(self, directory: Path) -> None:

@@ -1,0 +1,84 @@
+"""Benchmark (#29 goal 3): the device-wide memory peak of the 4090x1 preset's GRPO on one card, loading
+included, and its step time, per memory lever.
+
+    python -m bench.card_peak [--size 7b] [--steps 4] [--variants preset,kv_auto,offload] [--set KEY=VALUE ...]
+
+Each variant is one `lite-verl train --preset 4090x1` of a random Qwen2.5-{size}-shaped model (bench/gpu_models.py)
+with QLoRA on the 4-bit base and the AWQ rollout (calibrated once by AutoAWQ, then cached), 16 prompts x 8
+responses x 256 new tokens (a random model almost never ends early), while nvidia-smi samples the card's used
+memory every 100 ms (every process on it). Variants change where and how only:
+  preset     vLLM's share as the preset gives it on a 24 GB card (gpu_memory_utilization 0.35 of 24 GiB, scaled
+             to this card)
+  kv_auto    rollout.kv_cache_gib=auto: vLLM reserves one rollout's KV cache exactly, its budget sized by the plan
+  offload    kv_auto + train.offload_during_rollout: the trainer's tensors wait in host memory while vLLM
+             generates, and vLLM takes its KV cache back only after
+Rows: the measured peak, the plan's predicted peak and its error (goal 4), the steady step time (after the
+first step) and its phases. Targets: <= 10 GiB at 7B, <= 4 GiB at 1.5B, a 7B step <= 12 s.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+from pathlib import Path
+
+from bench.gpu_models import bench_model
+from bench.results import append, render
+from bench.train_run import planned_peak_gib, train_run
+from bench.vs_trl import PeakGpuMemory
+
+CARD_GIB = 24.0  # the card the preset is written for
+VARIANTS = {
+    "preset": [],
+    "kv_auto": ["rollout.kv_cache_gib=auto"],
+    "offload": ["rollout.kv_cache_gib=auto", "train.offload_during_rollout=true"],
+}
+PHASES = ("rollout", "sleep", "update", "sync")
+
+
+def run_variant(name: str, model: Path, args: argparse.Namespace) -> dict[str, float]:
+    import torch
+
+    card = torch.cuda.get_device_properties(0).total_memory / 2**30
+    sets = [f"model.path={model}", "train.backend=qlora", "trainer.batch_size=16", "rollout.n=8",
+            "rollout.max_new_tokens=256", f"trainer.total_steps={args.steps}", "data.val_size=0",
+            "trainer.progress=false", "trainer.keep_checkpoints=0", "data.task=echo",
+            f"rollout.gpu_memory_utilization={0.35 * CARD_GIB / card:.4f}", *VARIANTS[name], *args.set]  # fmt: skip
+    run_dir = Path(f"/tmp/lite-verl-card-peak-{name}")
+    with PeakGpuMemory() as mem:
+        train, _, summary, wall = train_run("4090x1", run_dir, sets)
+    steady = train[1:] or train
+    out = {"device_peak_gib": mem.peak_gib, "plan_peak_gib": planned_peak_gib(run_dir), "wall_s": wall,
+           "steady_step_s": statistics.mean(r["timing/step_s"] for r in steady),
+           "train_peak_gib": summary.get("train_peak_gib", 0.0)}  # fmt: skip
+    out["plan_error_pct"] = 100 * (out["plan_peak_gib"] - mem.peak_gib) / mem.peak_gib
+    for phase in PHASES:
+        out[f"{phase}_s"] = statistics.mean(r.get(f"timing/{phase}_s", 0.0) for r in steady)
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--size", default="7b", help="the Qwen2.5 shape (random weights)")
+    ap.add_argument("--steps", type=int, default=4)
+    ap.add_argument("--variants", default="preset,kv_auto,offload", help=f"of {', '.join(VARIANTS)}")
+    ap.add_argument("--set", action="append", default=[], help="KEY=VALUE for every variant (where/how only)")
+    ap.add_argument("--root", type=Path, default=Path("/tmp/lite-verl-bench-models"))
+    args = ap.parse_args()
+    model, label = bench_model(args.size, args.root)
+    command = "python -m bench.card_peak " + " ".join(sys.argv[1:])
+    for name in args.variants.split(","):
+        out = run_variant(name, model, args)
+        print(name, {k: round(v, 3) for k, v in out.items()}, flush=True)
+        settings = (f"4090x1 preset, qlora + AWQ rollout, 16 prompts x 8 x 256 new tokens, {args.steps} steps "
+                    f"(steady: after the first), variant {name}: {' '.join(VARIANTS[name]) or 'as shipped'}"
+                    f"{' ' + ' '.join(args.set) if args.set else ''}")  # fmt: skip
+        for metric, value in out.items():
+            unit = "GiB" if metric.endswith("gib") else "%" if metric.endswith("pct") else "s"
+            append("card_peak", label, settings, f"{name}_{metric}", value, unit, command)
+    render()
+
+
+if __name__ == "__main__":
+    main()
