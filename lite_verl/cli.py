@@ -91,7 +91,7 @@ def _add_config_commands(sub) -> None:
         epilog=EPILOG,
     )
     _add_config_args(p)
-    p.add_argument("--run-dir", help="where to write the run (default runs/<time>-<preset>)")
+    p.add_argument("--run-dir", help="where to write the run (default runs/<time>-[<recipe>-]<preset>)")
     p.add_argument("--resume", metavar="RUN_DIR", help="continue RUN_DIR from its last checkpoint")
 
     p = sub.add_parser(
@@ -220,6 +220,12 @@ def _add_run_commands(sub) -> None:
     )
     p.add_argument("target", metavar="MODEL_OR_RUN_DIR", help="a run directory, or a model (model.path)")
     _add_config_args(p)
+    for action in p._actions:  # the same options, read for an evaluation
+        if action.dest == "recipe":
+            action.help = ("the task to evaluate on: a name in recipes/ (its data, rewards and sampling) or a YAML "
+                           "path; a run directory keeps its model and adapter")  # fmt: skip
+        elif action.dest == "preset":
+            action.help += "; with a run directory, in place of the hardware keys it was trained with"
     p.add_argument("--k", type=int, default=4, help="samples per prompt for mean@k and pass@k (default 4)")
     p.add_argument("--correct", type=float, default=1.0, help="a reward at least this counts as correct")
     p.add_argument("--correct-fn", default="", metavar="NAME", help="with several reward.functions: the one whose "

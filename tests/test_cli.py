@@ -169,7 +169,7 @@ def _bad_inputs(tmp: Path) -> dict[str, tuple[list[str], str]]:
     (tmp / "rw.py").write_text("def f(*a):\n    raise RuntimeError('bad reward')\n")
     return {
         "unknown key": (["--set", "trainer.totl_steps=3"], "did you mean 'trainer.total_steps'"),
-        "wrong type": (["--set", "trainer.total_steps=many"], "trainer.total_steps must be a int"),
+        "wrong type": (["--set", "trainer.total_steps=many"], "trainer.total_steps must be an int"),
         "missing model": (
             ["--set", "model.path=/no/such/model"],
             "model.path='/no/such/model' does not exist",

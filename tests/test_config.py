@@ -60,10 +60,10 @@ def test_unknown_key_in_file(tmp_path):
 @pytest.mark.parametrize(
     "override, pattern",
     [
-        ("trainer.total_steps=abc", "trainer.total_steps must be a int"),
-        ("trainer.total_steps=1.5", "trainer.total_steps must be a int"),
+        ("trainer.total_steps=abc", "trainer.total_steps must be an int"),
+        ("trainer.total_steps=1.5", "trainer.total_steps must be an int"),
         ("trainer.tensorboard=3", "trainer.tensorboard must be a bool"),
-        ("train.gpus=[a]", r"train.gpus\[0\] must be a int"),
+        ("train.gpus=[a]", r"train.gpus\[0\] must be an int"),
         ("trainer.batch_size=0", "trainer.batch_size=0 must be > 0"),
         ("rollout.top_p=1.5", r"rollout.top_p=1.5 must be in \(0, 1\]"),
         ("rollout.n=1", "rollout.n >= 2"),

@@ -110,6 +110,11 @@ def not_one_of(key: str, value: object, allowed: Sequence[str]) -> ConfigError:
     return ConfigError(f"{key}={value!r} must be {listed}{hint}")
 
 
+def _article(name: str) -> str:
+    """'an int', 'a float', 'a list of ...': the type's name as an error sentence reads it."""
+    return f"an {name}" if name[:1] in "aeiou" else f"a {name}"
+
+
 def _type_name(tp: Any) -> str:
     origin = typing.get_origin(tp)
     if _optional(tp) is not None:
@@ -148,7 +153,7 @@ def _coerce_choice(key: str, value: Any, allowed: tuple[Any, ...]) -> Any:
 def _coerce(key: str, value: Any, tp: Any) -> Any:
     """Check `value` against the field type `tp`; return it in the dataclass's representation."""
     bad = ConfigError(
-        f"{key} must be a {_type_name(tp)}, got {value!r} ({type(value).__name__}); fix it in the config"
+        f"{key} must be {_article(_type_name(tp))}, got {value!r} ({type(value).__name__}); fix it in the config"
     )
     origin = typing.get_origin(tp)
     if _optional(tp) is not None:

@@ -87,7 +87,10 @@ def evaluate(session: Session, k: int, correct: float, judge: str = "") -> dict[
 
     cfg, val = session.cfg, session.val_set
     if not len(val):
-        raise UserError("no prompts to evaluate: give data.val_files or set data.val_size > 0")
+        raise UserError(
+            "no prompts to evaluate: give --set data.val_files=[FILE], hold out a slice of the training data "
+            "with --set 'data.val_split=train[-200:]', or for a built-in task set data.val_size > 0"
+        )
     r = cfg.rollout
     greedy, sampled = SamplingSettings.of(r, greedy=True), SamplingSettings.of(r, n=k)
     seed = step_seed(cfg.trainer.seed, -2)
