@@ -14,16 +14,19 @@ memory every 100 ms (every process on it). Variants change where and how only:
              generates, and vLLM takes its KV cache back only after
 Rows: the measured peak, the plan's predicted peak and its error (goal 4), the steady step time (after the
 first step) and its phases. Targets: <= 10 GiB at 7B, <= 4 GiB at 1.5B, a 7B step <= 12 s.
+Needs bitsandbytes and AutoAWQ beside vLLM (stage ../shared/gpu/sets/bnb.txt and awq.txt too). This process
+never touches the card (the model is built by a child process), so the card's peak is the run's alone. One
+variant per call at 7B (a first AutoAWQ calibration, the 7B load and vLLM's start take minutes).
 """
 
 from __future__ import annotations
 
 import argparse
 import statistics
+import subprocess
 import sys
 from pathlib import Path
 
-from bench.gpu_models import bench_model
 from bench.results import append, render
 from bench.train_run import planned_peak_gib, train_run
 from bench.vs_trl import PeakGpuMemory
@@ -37,10 +40,22 @@ VARIANTS = {
 PHASES = ("rollout", "sleep", "update", "sync")
 
 
-def run_variant(name: str, model: Path, args: argparse.Namespace) -> dict[str, float]:
-    import torch
+def card_gib() -> float:
+    out = subprocess.run(["nvidia-smi", "--query-gpu=memory.total", "--format=csv,noheader,nounits", "-i", "0"],
+                         capture_output=True, text=True, check=True).stdout  # fmt: skip
+    return float(out.split()[0]) / 1024
 
-    card = torch.cuda.get_device_properties(0).total_memory / 2**30
+
+def built_model(size: str, root: Path) -> tuple[Path, str]:
+    """bench/gpu_models.bench_model in a child process: what it allocates on the card goes with it."""
+    code = f"from pathlib import Path; from bench.gpu_models import bench_model; print(*bench_model({size!r}, Path({str(root)!r})), sep='|')"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    path, label = out.strip().splitlines()[-1].split("|", 1)
+    return Path(path), label
+
+
+def run_variant(name: str, model: Path, args: argparse.Namespace) -> dict[str, float]:
+    card = card_gib()
     sets = [f"model.path={model}", "train.backend=qlora", "trainer.batch_size=16", "rollout.n=8",
             "rollout.max_new_tokens=256", f"trainer.total_steps={args.steps}", "data.val_size=0",
             "trainer.progress=false", "trainer.keep_checkpoints=0", "data.task=echo",
@@ -66,7 +81,7 @@ def main() -> None:
     ap.add_argument("--set", action="append", default=[], help="KEY=VALUE for every variant (where/how only)")
     ap.add_argument("--root", type=Path, default=Path("/tmp/lite-verl-bench-models"))
     args = ap.parse_args()
-    model, label = bench_model(args.size, args.root)
+    model, label = built_model(args.size, args.root)
     command = "python -m bench.card_peak " + " ".join(sys.argv[1:])
     for name in args.variants.split(","):
         out = run_variant(name, model, args)

@@ -30,7 +30,8 @@ case "${1:-}" in
     tar xf /tmp/models.tar -C /tmp/models && rm /tmp/models.tar && ls -la /tmp/models
     [ -d /tmp/models/gsm8k ] && rm -rf /tmp/gsm8k && mv /tmp/models/gsm8k /tmp/gsm8k  # GSM8K may travel in the model tar
     # transformers 5.19 for import-gguf only (bench/gpu_stage.sh says why)
-    ls /tmp/models/transformers-*.whl >/dev/null 2>&1 && python3 -m pip install -q --no-deps --target /tmp/tf-import /tmp/models/transformers-*.whl
+    ls /tmp/models/transformers-*.whl >/dev/null 2>&1 && python3 -m pip install -q --no-deps --no-index --target /tmp/tf-import /tmp/models/transformers-*.whl
+    PYTHONPATH=/tmp/tf-import:$PYTHONPATH python3 -c 'import transformers' 2>/dev/null || { echo "transformers 5.19 does not import here: the machine's imports"; rm -rf /tmp/tf-import; }
     rm -rf /tmp/lv && mkdir /tmp/lv && tar -C "$PWD" --exclude=./.stage -cf - . | tar -C /tmp/lv -xf - && cd /tmp/lv
     cp bench/results.jsonl /tmp/results.before
     echo "${LITE_VERL_COMMIT:-unknown}" > /tmp/lv.commit

@@ -89,6 +89,8 @@ def prepare(cfg: Config) -> Session:
     train_set, val_set = load_prompt_sets(cfg.data, tokenizer, cfg.trainer.seed)
     group, backend = build_trainer(cfg, path)
     try:
+        if cfg.train.offload_during_rollout:  # vLLM starts on a card the trainer has left
+            backend.park()
         engine = build_engine(cfg, path, tokenizer, backend, group, train_set)
     except BaseException:
         if group is not None:  # the follower ranks are already running
@@ -135,20 +137,31 @@ CORRECT = 1.0  # a reward at least this counts as a right answer (what the rule 
 
 
 def validate(session: Session, step: int) -> dict[str, float]:
-    """Greedy, one response per held-out prompt: the mean reward and the accuracy (reward >= CORRECT),
-    and each per data_source when there are several (as `lite-verl eval` reports them)."""
+    """Greedy, one response per held-out prompt: the mean reward and the accuracy (reward >= CORRECT; with
+    several reward.functions the first one's own score), and each per data_source when there are several
+    (as `lite-verl eval` reports them)."""
     val = session.val_set
     if not len(val):
         return {}
     sampling = SamplingSettings.of(session.cfg.rollout, greedy=True)
     scores = score_prompts(session, val, sampling, step_seed(session.cfg.trainer.seed, -1))
-    out = {"val/reward_mean": float(scores.mean()), "val/acc": float((scores >= CORRECT).float().mean())}
+    right = _judged(session, scores) >= CORRECT
+    out = {"val/reward_mean": float(scores.mean()), "val/acc": float(right.float().mean())}
     sources = sorted({row.data_source for row in val.rows})
     for source in sources if len(sources) > 1 else []:
-        mine = scores[[i for i, row in enumerate(val.rows) if row.data_source == source]]
-        out[f"val/{source}/reward_mean"] = float(mine.mean())
-        out[f"val/{source}/acc"] = float((mine >= CORRECT).float().mean())
+        mine = [i for i, row in enumerate(val.rows) if row.data_source == source]
+        out[f"val/{source}/reward_mean"] = float(scores[mine].mean())
+        out[f"val/{source}/acc"] = float(right[mine].float().mean())
     return out
+
+
+def _judged(session: Session, scores: torch.Tensor) -> torch.Tensor:
+    """What is judged right or wrong: with several reward.functions the first one's own values (the task's;
+    a format or length term comes after it; None is wrong), as `lite-verl eval` judges; else the reward."""
+    parts = session.scorer.last_parts  # in reward.functions' order
+    if len(session.cfg.reward.functions) > 1 and parts:
+        return next(iter(parts.values())).nan_to_num(nan=float("-inf"))
+    return scores
 
 
 def _greedy_baselines(session: Session, rows_idx: list[int]) -> torch.Tensor:

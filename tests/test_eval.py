@@ -85,8 +85,8 @@ def test_eval_of_a_run_without_checkpoint_is_one_line(tmp_path):
 
 
 def test_eval_of_a_run_under_another_preset_and_recipe_keeps_its_model_and_trainer(tmp_path):
-    """`eval RUN --preset P`: this machine's where/how keys, not the training machine's (its train.backend kept:
-    the checkpoint's format); `--recipe R`: R's task (data, reward, sampling), the run's model and adapter."""
+    """`eval RUN --preset P`: this machine's where/how keys, not the training machine's (a QLoRA adapter loads
+    into the laptop's LoRA); `--recipe R`: R's task (data, reward, sampling), the run's model and adapter."""
     from lite_verl.config import load_config
     from lite_verl.tools.evaluate import run_layer
 
@@ -94,19 +94,20 @@ def test_eval_of_a_run_under_another_preset_and_recipe_keeps_its_model_and_train
     run.mkdir()
     (run / "config.yaml").write_text(
         "preset: 4090x1\nrecipe: arithmetic\nmodel: {path: tiny:qwen2, dtype: bfloat16}\n"
-        "train: {backend: qlora, lora_rank: 8, gpus: [0]}\nrollout: {gpus: [0], temperature: 0.9}\n"
+        "train: {backend: qlora, lora_rank: 8, gpus: [0]}\nrollout: {gpus: [0], temperature: 0.9, stop: [Q]}\n"
         "data: {task: arithmetic, val_size: 7}\n"
     )
     cfg = load_config(None, run_layer(run, "laptop", None, "largest"), [])
     assert cfg.preset == "laptop" and cfg.recipe == "largest"
     assert cfg.train.gpus == () and cfg.rollout.gpus == () and cfg.model.dtype == "float32"  # the laptop's
-    assert cfg.train.backend == "qlora" and cfg.train.lora_rank == 8 and cfg.model.path == "tiny:qwen2"
+    assert cfg.train.backend == "lora" and cfg.train.lora_rank == 8 and cfg.model.path == "tiny:qwen2"
     assert cfg.data.task == "largest" and cfg.data.val_size == 500  # the recipe's task, not the run's
-    assert cfg.rollout.temperature == 1.0 and cfg.reward.functions[0].fn == "gsm8k"
+    assert cfg.rollout.temperature == 1.0 and cfg.rollout.stop == () and cfg.reward.functions[0].fn == "gsm8k"
     extra = tmp_path / "extra.yaml"
     extra.write_text("data: {val_size: 3}\n")
     cfg = load_config(None, run_layer(run, "laptop", str(extra), None), [])
     assert cfg.data.task == "arithmetic" and cfg.data.val_size == 3 and cfg.rollout.temperature == 0.9
+    assert cfg.rollout.stop == ("Q",)
 
 
 def test_with_several_weighted_rewards_correctness_is_the_first_functions_own_score():
@@ -133,3 +134,10 @@ def test_with_several_weighted_rewards_correctness_is_the_first_functions_own_sc
         judged_by(cfg, "acc")
     session = SimpleNamespace(scorer=SimpleNamespace(last_parts={"gsm8k": torch.tensor([1.0, float("nan")])}))
     assert _judged(session, "gsm8k").tolist() == [1.0, float("-inf")] and _judged(session, "") is None
+    from lite_verl import loop  # the run's own validation judges alike
+
+    session.cfg = cfg
+    total = torch.tensor([0.93, 0.2])
+    assert loop._judged(session, total).tolist() == [1.0, float("-inf")]
+    session.cfg = load_config("laptop", None, [])
+    assert loop._judged(session, total) is total

@@ -442,7 +442,13 @@ def test_growth_keeps_to_the_memory_free_on_a_shared_card(monkeypatch):
 def test_a_trainer_offloaded_during_rollouts_leaves_the_card_to_vllm(tmp_path):
     """train.offload_during_rollout: the card holds vLLM or the trainer's weights, not both at once (the
     sync: vLLM's weights beside the trainer, its KV cache after); host memory holds the parked copy."""
-    from lite_verl.tools.plan import OVERHEAD_GIB, host_parts, served_weights_gib
+    from lite_verl.tools.plan import (
+        OVERHEAD_GIB,
+        VLLM_PROCESS_GIB,
+        host_parts,
+        served_weights_gib,
+        sync_extra_gib,
+    )
 
     base = ["train.backend=qlora", "rollout.quantization=awq"]
     cfg = load_config("4090x1", None, base)
@@ -453,9 +459,15 @@ def test_a_trainer_offloaded_during_rollouts_leaves_the_card_to_vllm(tmp_path):
     vllm = parked_cfg.rollout.gpu_memory_utilization * 24
     update = static + parts["activations"] + parts["LM head working set"]
     served = served_weights_gib(parked_cfg, QWEN_7B)
-    assert parked.peak_gib == pytest.approx(max(OVERHEAD_GIB + vllm, static + served, update))
+    sync = static + served + VLLM_PROCESS_GIB  # adapter sync: vLLM's weights and process beside the trainer
+    assert parked.peak_gib == pytest.approx(max(OVERHEAD_GIB + vllm, sync, update))
     assert resident.peak_gib == pytest.approx(max(static + vllm, update))
     assert parked.peak_gib < resident.peak_gib
+    merged = load_config("4090x1", None, [*base, "train.offload_during_rollout=true", "sync.mode=merged"])
+    mlp_fp32 = 4 * 3 * 3584 * 18944 / GIB  # gate/up/down of one layer, merged in fp32: 0.76 GiB
+    assert sync_extra_gib(merged, QWEN_7B) == pytest.approx(
+        VLLM_PROCESS_GIB + merged.sync.bucket_mb / 1024 + mlp_fp32
+    )
     host = host_parts(parked_cfg, QWEN_7B)
     assert host["trainer's weights and AdamW state (parked during rollouts)"] == pytest.approx(
         static - OVERHEAD_GIB

@@ -75,6 +75,10 @@ USER = textwrap.dedent(
     def trl_bools(completions, **kwargs):
         return [c == "yes" for c in completions]
 
+    def verl_numpy_bool(data_source, solution_str, ground_truth, extra_info=None):
+        import numpy
+        return numpy.bool_(str(ground_truth) in solution_str)
+
     def trl_all_none(completions, **kwargs):
         return [None] * len(completions)
     """
@@ -283,8 +287,9 @@ def test_boxed_builtin_with_math_verify():
 def test_a_bool_is_a_reward_of_0_or_1_and_a_function_that_scores_nothing_is_warned_about_once(user):
     """TRL and verl read True/False as 1/0; a TRL function that returns None for every response scored
     nothing, which is worth one warning (TRL warns too), not an error."""
-    verl = make_scorer(RewardConfig(function=f"{user}:verl_bool", isolate=False))
-    assert verl.score([row(answer="2"), row(answer="3")], ["x 2", "x 2"]).tolist() == [1.0, 0.0]
+    for name in ("verl_bool", "verl_numpy_bool"):  # numpy's bool is no numbers.Real: read as its item
+        verl = make_scorer(RewardConfig(function=f"{user}:{name}", isolate=False))
+        assert verl.score([row(answer="2"), row(answer="3")], ["x 2", "x 2"]).tolist() == [1.0, 0.0], name
     trl = make_scorer(RewardConfig(function=f"{user}:trl_bools"))  # isolated: through the worker's pipe
     try:
         assert trl.score([row()] * 2, ["yes", "no"]).tolist() == [1.0, 0.0]

@@ -73,7 +73,7 @@ def check_word_split(tokenizer, src: Path) -> None:
     """Refuse a tokenizer that splits its own vocabulary's words: the model never saw such ids."""
     import transformers
 
-    whole, broken = words_kept_whole(tokenizer)
+    whole, broken = words_kept_whole(tokenizer, merges_file=gguf_tokenizer_model(src) in MERGES_MODELS)
     if whole >= WHOLE_WORDS_MIN:
         return
     word, pieces = broken
@@ -85,37 +85,49 @@ def check_word_split(tokenizer, src: Path) -> None:
     )
 
 
-def words_kept_whole(tokenizer, limit: int = WORDS_CHECKED) -> tuple[float, tuple[str, list[str]]]:
-    """Of the first `limit` multi-character, non-special vocabulary entries its pre-tokenizer keeps in one
-    piece, the share that the tokenizer encodes back to that one entry; and the first one it splits, with
-    its pieces."""
+def words_kept_whole(
+    tokenizer, limit: int = WORDS_CHECKED, merges_file: bool = False
+) -> tuple[float, tuple[str, list[str]]]:
+    """Of the first `limit` multi-character, non-special vocabulary entries, the share the tokenizer's model
+    builds back into that one entry (the model alone, past the normalizer and pre-tokenizer: SentencePiece
+    vocabularies hold word-inner pieces that never start a word, and byte-level ones pieces a pre-tokenizer
+    splits); and the first one it splits, with its pieces. Checked: a BPE model, and a Unigram one built for
+    a file whose tokenizer merges (`merges_file`: llama.cpp's "llama"/"gpt2" kinds; transformers 5.17 built
+    Gemma's that way). 1.0 otherwise (a real Unigram vocabulary need not rebuild every entry)."""
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    model = getattr(backend, "model", None)
+    kind = type(model).__name__ if model is not None else ""
+    if not (kind == "BPE" or (kind == "Unigram" and merges_file)) or getattr(model, "ignore_merges", False):
+        return 1.0, ("", [])  # ignore_merges (Llama 3): a whole-word entry is taken as it is, merges unused
     special = set(tokenizer.all_special_ids)
-    ids, texts = [], []
+    checked, split, first = 0, 0, ("", [])
     for i in range(len(tokenizer)):
         piece = tokenizer.convert_ids_to_tokens(i)
         if i in special or not piece or len(piece) < 2 or piece.startswith("<"):
-            continue  # specials and byte-fallback tokens (<0x0A>) are not written as text
-        text = tokenizer.convert_tokens_to_string([piece])
-        if text.strip() and one_pre_token(tokenizer, text):
-            ids.append(i)
-            texts.append(text)
-        if len(ids) == limit:
+            continue  # specials and byte-fallback tokens (<0x0A>)
+        pieces = [t.value for t in model.tokenize(piece)]
+        checked += 1
+        if pieces != [piece]:
+            split += 1
+            first = first if first[0] else (piece, pieces)
+        if checked == limit:
             break
-    encoded = tokenizer(texts, add_special_tokens=False)["input_ids"] if texts else []
-    split = [(t, e) for i, t, e in zip(ids, texts, encoded) if e != [i]]
-    first = (split[0][0], tokenizer.convert_ids_to_tokens(split[0][1])) if split else ("", [])
-    return 1 - len(split) / max(len(ids), 1), first
+    return 1 - split / max(checked, 1), first
 
 
-def one_pre_token(tokenizer, text: str) -> bool:
-    """Whether the tokenizer's pre-tokenizer leaves `text` in one piece: entries it splits (Qwen's digits
-    come one by one, so its ' 1' is never produced) cannot come back whole however sound the merges are."""
-    backend = getattr(tokenizer, "backend_tokenizer", None)
-    if backend is None or backend.pre_tokenizer is None:
-        return True
-    if backend.normalizer is not None:
-        text = backend.normalizer.normalize_str(text)
-    return len(backend.pre_tokenizer.pre_tokenize_str(text)) == 1
+MERGES_MODELS = (
+    "llama",
+    "gpt2",
+)  # GGUF tokenizer.ggml.model kinds that tokenize by merges (SentencePiece BPE,
+# byte-level BPE); "t5" is a Unigram
+
+
+def gguf_tokenizer_model(gguf_file: Path) -> str:
+    """The file's tokenizer.ggml.model ("llama", "gpt2", "t5", ...; '' when absent)."""
+    from gguf import GGUFReader
+
+    field = GGUFReader(gguf_file).get_field("tokenizer.ggml.model")
+    return str(field.contents()) if field is not None else ""
 
 
 def special_token_flags(gguf_file: Path) -> dict[str, bool]:

@@ -223,6 +223,8 @@ def plain(value: Any, batched: bool) -> Any:
         value = value.get("score")
     if value is None:
         return value
+    if not isinstance(value, numbers.Real) and getattr(value, "ndim", None) == 0 and hasattr(value, "item"):
+        value = value.item()  # a numpy or torch scalar (numpy.bool_ is not a numbers.Real)
     return float(value) if isinstance(value, numbers.Real) else repr(value)  # a bool: 0.0 or 1.0
 
 
@@ -257,7 +259,11 @@ def raised(e: BaseException) -> str:
 
     frames = traceback.extract_tb(e.__traceback__)
     libraries = {sysconfig.get_paths()[k] for k in ("stdlib", "purelib", "platlib")}
-    mine = [f for f in frames if not any(f.filename.startswith(lib) for lib in libraries)] or frames
+    mine = [
+        f
+        for f in frames
+        if not f.filename.startswith("<") and not any(f.filename.startswith(lib) for lib in libraries)
+    ] or frames  # <frozen importlib._bootstrap> and the like are not the user's
     at = f" ({mine[-1].filename.rsplit('/', 1)[-1]}:{mine[-1].lineno} in {mine[-1].name})" if mine else ""
     return f"{type(e).__name__}: {e}{at}"
 

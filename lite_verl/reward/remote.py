@@ -55,7 +55,7 @@ def score_remote(url: str, items: list[dict[str, Any]], timeout_s: float, retrie
     if not isinstance(scores, list) or len(scores) != len(items):
         raise RewardError(f'reward.url={url} must answer {{"scores": [...]}} with {len(items)} numbers')
     for i, v in enumerate(scores):
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+        if not isinstance(v, (int, float)) or not math.isfinite(v):  # true/false: 1/0, as a function's
             raise RewardError(f"reward.url={url} returned {v!r} for item {i}; scores must be finite numbers")
     return [float(v) for v in scores]
 

@@ -168,24 +168,26 @@ TASK_SECTIONS = ("data", "reward")
 
 def run_layer(run: Path, preset: str | None, config_file: str | None, recipe: str | None) -> dict[str, Any]:
     """A run's config as the layer its evaluation starts from. --preset: this machine's where/how keys in place
-    of the training machine's (train.backend stays: it decides the checkpoint's format). --recipe: its task
-    (data and reward whole, rollout's sampling keys) in place of the run's: a run trained on one task,
-    evaluated on another. --config: its keys over the run's, as --set."""
+    of the training machine's (a full fine-tuning run keeps train.backend: its checkpoint loads only there).
+    --recipe: its task (data and reward, rollout's sampling keys) in place of the run's: a run trained on one
+    task, evaluated on another. --config: its keys over the run's, as --set."""
     from lite_verl.config.convert import where_keys
     from lite_verl.config.layers import merge, read_yaml, recipe_layer
     from lite_verl.run.rundir import run_config_layer
 
     layer = run_config_layer(run)
-    where = where_keys() - {"train.backend"}
-    if preset:
-        layer = _without(layer, where)
+    where = where_keys()
+    if preset:  # fsdp/deepspeed checkpoints load only into their backend; a LoRA adapter into either LoRA
+        full = layer.get("train", {}).get("backend") in ("fsdp", "deepspeed")
+        layer = _without(layer, where - {"train.backend"} if full else where)
         layer["preset"] = preset
     if recipe:
         task = recipe_layer(recipe)
         for section in TASK_SECTIONS:
             layer[section] = task.get(section, {})
-        sampling = _without({"rollout": task.get("rollout", {})}, where)["rollout"]
-        layer["rollout"] = merge(layer.get("rollout", {}), sampling)
+        rollout = layer.get("rollout", {})  # the run's hardware keys, the recipe's sampling (stop included)
+        kept = {k: v for k, v in rollout.items() if f"rollout.{k}" in where}
+        layer["rollout"] = merge(kept, _without({"rollout": task.get("rollout", {})}, where)["rollout"])
         layer["recipe"] = recipe  # beneath the layer: the new task's defaults, not the old one's
     if config_file:
         layer = merge(layer, read_yaml(config_file, "config file"))
@@ -231,8 +233,9 @@ def run_eval(target: str, preset: str | None, config_file: str | None, sets: lis
         atomic_write_text(out, json.dumps(result, indent=2))
     if ckpt is not None:  # a run's checkpoint: kept with the run too, where `lite-verl report` shows it
         (Path(target) / EVAL_DIR).mkdir(exist_ok=True)
-        task = recipe or (Path(config_file).stem if config_file else "")  # another task: its own file
-        name = f"{ckpt.name}-{task}" if task else ckpt.name
+        task = Path(recipe or config_file or "").stem  # another task, or a part of it: its own file
+        part = f"-first{limit}" if limit else ""
+        name = f"{ckpt.name}-{task}{part}" if task else f"{ckpt.name}{part}"
         atomic_write_text(Path(target) / EVAL_DIR / f"{name}.json", json.dumps(result, indent=2))
     return result
 

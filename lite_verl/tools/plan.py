@@ -242,14 +242,29 @@ def plan(cfg: Config, shape: Shape, cards: Mapping[str, float] | None = None) ->
             parts["runtime overhead"] = OVERHEAD_GIB
         sleeps = cfg.rollout.colocate and g in cfg.rollout.gpus and g in cfg.train.gpus
         peak = max(static + vllm, static + dynamic) if sleeps else static + vllm + dynamic
-        if sleeps and cfg.train.offload_during_rollout:  # rollout: vLLM alone beside the trainer's process;
-            # sync: vLLM's weights beside the trainer (its KV cache comes back after); update: as without
-            bucket = cfg.sync.bucket_mb / 1024 if cfg.sync.mode == "merged" else 0.0
-            peak = max(OVERHEAD_GIB + vllm, static + served + bucket, static + dynamic)
+        if sleeps and cfg.train.offload_during_rollout:  # start and rollout: vLLM alone beside the trainer's
+            # process; sync: vLLM's weights and process beside the trainer (its KV cache comes back after),
+            # with a merged sync's bucket and fp32 merged group; update: as without
+            peak = max(OVERHEAD_GIB + vllm, static + served + sync_extra_gib(cfg, shape), static + dynamic)
         alloc = static + dynamic - OVERHEAD_GIB if g in cfg.train.gpus else 0.0
         cap = cfg.train.max_memory_gib if g in cfg.train.gpus else 0.0
         out.append(GpuPlan(g, model, card, parts, peak, served, budget, alloc, cap))
     return out
+
+
+# vLLM's process while only its weights are awake (CUDA context, its graphs' pool): an estimate, as the trainer's
+VLLM_PROCESS_GIB = 0.5
+
+
+def sync_extra_gib(cfg: Config, shape: Shape) -> float:
+    """Beyond vLLM's weights during a sync: its process, and for sync.mode=merged one bucket plus the
+    largest parent module's merged weights in fp32 (attention's q/k/v/o or the MLP's gate/up/down)."""
+    if cfg.sync.mode != "merged":
+        return VLLM_PROCESS_GIB
+    lin = shape.linears()
+    attention = sum(i * o for k, (i, o) in lin.items() if k in ("q_proj", "k_proj", "v_proj", "o_proj"))
+    mlp = sum(i * o for k, (i, o) in lin.items() if k in ("gate_proj", "up_proj", "down_proj"))
+    return VLLM_PROCESS_GIB + cfg.sync.bucket_mb / 1024 + 4 * max(attention, mlp) / GIB
 
 
 LOAD = "model load (at start)"

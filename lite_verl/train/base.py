@@ -185,8 +185,9 @@ class TrainBackend(Protocol):
     # --- the card handed to a colocated vLLM (train.offload_during_rollout) ------------------------
     def park(self) -> None:
         """Between updates: every weight, adapter and optimizer state of the trainer to pinned host memory
-        (train/park.py), the card's cache emptied, until `unpark`. Saving still works while parked. Only
-        LoRA parks; full fine-tuning offloads with train.offload_params instead (ConfigError)."""
+        (train/park.py), the card's cache emptied, until `unpark` (or `load`, which unparks). Saving still
+        works while parked. Only LoRA parks; full fine-tuning offloads with train.offload_params instead
+        (ConfigError)."""
         ...
 
     def unpark(self) -> None:

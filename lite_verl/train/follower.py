@@ -118,6 +118,7 @@ class Follower:
 
     def park(self, args: dict, tensors: dict[str, torch.Tensor]) -> None:
         self.backend.park()
+        barrier()
 
     def unpark(self, args: dict, tensors: dict[str, torch.Tensor]) -> None:
         self.backend.unpark()

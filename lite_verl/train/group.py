@@ -316,7 +316,11 @@ class GroupBackend:
             yield from self.local.merged_weight_buckets(bucket_bytes, dtype)
 
     def park(self) -> None:  # every rank: a colocated vLLM may share any of the train GPUs
-        self.group.run("park", self.local.park)
+        def local() -> None:
+            self.local.park()
+            barrier()  # every rank's card is free before vLLM takes memory back
+
+        self.group.run("park", local)
 
     def unpark(self) -> None:
         self.group.run("unpark", self.local.unpark)

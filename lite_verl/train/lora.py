@@ -401,6 +401,12 @@ class LoraBackend:
             torch.save(state, directory / "critic.pt")
 
     def load(self, directory: Path) -> None:
+        """What `save` wrote, back on the card if it was parked (the optimizer's state goes where its
+        parameters are, and a sync reading the weights follows); the loop parks it again."""
+        self.unpark()
+        self._load(directory)
+
+    def _load(self, directory: Path) -> None:
         from peft import set_peft_model_state_dict
         from safetensors.torch import load_file
 

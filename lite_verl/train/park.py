@@ -2,17 +2,25 @@
 
 With the hybrid engine vLLM sleeps during the update, but the trainer keeps its weights (a QLoRA 7B: ~5.5
 GiB of 4-bit base and bf16 embeddings), adapters and AdamW state on the card while vLLM generates: the
-card's peak is the two together. Parked, each tensor's storage is swapped for a pinned host copy (the
-Parameter objects stay, so the optimizer, peft and bitsandbytes keep their references) and the card's
-cache is emptied for vLLM; unparked, fresh device copies come back. The host copies are kept from one
-step to the next: pinning gigabytes costs more than copying them.
+card's peak is the two together. Parked, each tensor's storage is swapped for a host copy (the Parameter
+objects stay, so the optimizer, peft and bitsandbytes keep their references) and the card's cache is
+emptied for vLLM; unparked, fresh device copies come back.
+
+Every tensor the modules hold on the card goes: parameters, buffers, tensors kept as plain attributes
+(rotary embeddings' original_inv_freq) and bitsandbytes' quantization states (absmax, code), because one
+tensor left behind keeps its whole allocator segment reserved (transformers loads a model into one
+segment). The host copies live in one pinned buffer, kept from step to step: torch rounds each pinned
+allocation up to a power of two, and pinning gigabytes costs more than copying them. A frozen tensor is
+copied out once; later parks only drop its device copy.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 
 import torch
+
+ALIGN = 64  # bytes: every view of the pinned buffer starts aligned for any dtype
 
 
 class HostPark:
@@ -21,22 +29,26 @@ class HostPark:
     def __init__(self, device: torch.device) -> None:
         self.device = device
         self.parked = False
-        self._host: dict[object, torch.Tensor] = {}  # holder's key -> its pinned host copy
+        self._host: dict[object, torch.Tensor] = {}  # slot key -> its host copy (a view of _buffer)
+        self._fresh: set[object] = set()  # frozen slots whose host copy holds their current value
+        self._buffer: torch.Tensor | None = None
 
     def park(self, modules: list[torch.nn.Module], optimizers: list[torch.optim.Optimizer]) -> None:
         if self.parked:
             return
-        for slot, tensor in _tensors(modules, optimizers):
-            if not _on(tensor, self.device):
-                continue
-            host = self._host.get(slot.key)
-            if host is None or host.shape != tensor.shape or host.dtype != tensor.dtype:
-                host = torch.empty(tensor.shape, dtype=tensor.dtype, pin_memory=torch.cuda.is_available())
-                self._host[slot.key] = host
-            host.copy_(tensor, non_blocking=True)
+        slots = [(s, t) for s, t in _tensors(modules, optimizers) if _on(t, self.device)]
+        if any(self._host.get(s.key) is None or not _same_layout(self._host[s.key], t) for s, t in slots):
+            self._allocate(slots)
+        for slot, tensor in slots:
+            host = self._host[slot.key]
+            if not (slot.frozen and slot.key in self._fresh):
+                host.copy_(tensor, non_blocking=True)
+            if slot.frozen:
+                self._fresh.add(slot.key)
             slot.put(host)
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)  # the copies are done before the device memory is reused
+            torch.cuda.ipc_collect()  # storages another process (vLLM, a merged sync) opened and released
             torch.cuda.empty_cache()  # handed back to the driver, where vLLM's wake-up finds it
         self.parked = True
 
@@ -49,6 +61,29 @@ class HostPark:
                 slot.put(host.to(self.device, non_blocking=True, copy=True))
         self.parked = False
 
+    def host_bytes(self) -> int:
+        return 0 if self._buffer is None else self._buffer.numel()
+
+    def _allocate(self, slots: list[tuple[_Slot, torch.Tensor]]) -> None:
+        """One pinned buffer for every slot's copy (again when the set of tensors changed: AdamW makes its
+        state at the first step)."""
+        sizes = [_aligned(t.numel() * t.element_size()) for _, t in slots]
+        self._buffer = torch.empty(sum(sizes), dtype=torch.uint8, pin_memory=torch.cuda.is_available())
+        self._host, self._fresh, offset = {}, set(), 0
+        for (slot, tensor), size in zip(slots, sizes):
+            nbytes = tensor.numel() * tensor.element_size()
+            view = self._buffer[offset : offset + nbytes].view(tensor.dtype).view(tensor.shape)
+            self._host[slot.key] = view
+            offset += size
+
+
+def _aligned(nbytes: int) -> int:
+    return (nbytes + ALIGN - 1) // ALIGN * ALIGN
+
+
+def _same_layout(host: torch.Tensor, tensor: torch.Tensor) -> bool:
+    return host.shape == tensor.shape and host.dtype == tensor.dtype
+
 
 def _on(tensor: torch.Tensor, device: torch.device) -> bool:
     if tensor.device.type != device.type:
@@ -59,36 +94,56 @@ def _on(tensor: torch.Tensor, device: torch.device) -> bool:
 
 
 class _Slot:
-    """Where a tensor lives: a parameter's data, or a dict entry (a buffer, an optimizer state)."""
+    """Where a tensor lives: a parameter's data, or an entry of a dict (a module's buffers, its attributes,
+    an optimizer state, a quantization state's attributes). `frozen`: nothing changes it between parks."""
 
-    def __init__(self, target: object, name: str) -> None:
-        self.target, self.name = target, name
+    def __init__(self, target: object, name: str, frozen: bool = False) -> None:
+        self.target, self.name, self.frozen = target, name, frozen
         self.key = (id(target), name)
 
     def put(self, tensor: torch.Tensor) -> None:
         if isinstance(self.target, dict):
             self.target[self.name] = tensor
         else:
-            setattr(self.target, self.name, tensor)  # Parameter.data / .grad: the object stays
+            setattr(self.target, self.name, tensor)  # Parameter.data: the object stays
 
 
-def _tensors(modules: Iterable[torch.nn.Module], optimizers: Iterable[torch.optim.Optimizer]):
-    """(slot, tensor) for every parameter, buffer and (non-scalar) optimizer state; each Parameter once,
-    though tied weights appear under two names. Parking happens between updates, with no gradients."""
+def _tensors(
+    modules: Iterable[torch.nn.Module], optimizers: Iterable[torch.optim.Optimizer]
+) -> Iterator[tuple[_Slot, torch.Tensor]]:
+    """(slot, tensor) for every parameter (with its quantization state), buffer, tensor attribute and
+    (non-scalar) optimizer state; each once, though tied weights appear under two names. Parking happens
+    between updates, with no gradients."""
     seen: set[int] = set()
     for module in modules:
         for p in module.parameters():
-            if id(p) not in seen:
-                seen.add(id(p))
-                if p.grad is not None:
-                    raise RuntimeError("the trainer cannot park while it holds gradients (mid-update)")
-                yield _Slot(p, "data"), p.data
+            if id(p) in seen:
+                continue
+            seen.add(id(p))
+            if p.grad is not None:
+                raise RuntimeError("the trainer cannot park while it holds gradients (mid-update)")
+            yield _Slot(p, "data", frozen=not p.requires_grad), p.data
+            yield from _quant_state(getattr(p, "quant_state", None), seen)
         for sub in module.modules():
             for name, buf in sub._buffers.items():
                 if buf is not None:
                     yield _Slot(sub._buffers, name), buf
+            for name, value in vars(sub).items():  # e.g. rotary embeddings' original_inv_freq
+                if isinstance(value, torch.Tensor) and not isinstance(value, torch.nn.Parameter):
+                    yield _Slot(vars(sub), name, frozen=True), value
     for opt in optimizers:
         for state in opt.state.values():
             for name, value in state.items():
                 if isinstance(value, torch.Tensor) and value.dim() > 0:
                     yield _Slot(state, name), value
+
+
+def _quant_state(state: object, seen: set[int]) -> Iterator[tuple[_Slot, torch.Tensor]]:
+    """bitsandbytes' QuantState of a 4-bit weight (absmax, code, offset, and a nested state's): frozen."""
+    if state is None or id(state) in seen or not hasattr(state, "absmax"):
+        return
+    seen.add(id(state))
+    for name, value in vars(state).items():
+        if isinstance(value, torch.Tensor):
+            yield _Slot(vars(state), name, frozen=True), value
+    yield from _quant_state(getattr(state, "state2", None), seen)
