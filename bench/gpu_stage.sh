@@ -18,8 +18,10 @@ GEMMA=${GEMMA:-1}
 # eval failed at its first import on 2026-12-06; the versions of ../shared/gpu/sets/trl.txt, tested there
 # STAGE_SET=small leaves vLLM out (1 MiB in .stage/c1, for EXTRA_SETS=rollout.engine=hf runs of gpu_recipes.sh:
 # 3 calls in all instead of 12, when device time is short)
+# EXTRA_SETS="bnb awq": more of ../shared/gpu/sets/ (bench/card_peak.py's QLoRA + AWQ run needs those two)
 VLLM_SET="$SHARED/gpu/sets/vllm.txt"; [ "${STAGE_SET:-}" = small ] && VLLM_SET=
-CHUNK_MB=60 bash "$SHARED/gpu/stage.sh" $VLLM_SET gguf==0.19.0 datasets==5.2.0 dill==0.4.1 multiprocess==0.70.19
+MORE=$(for s in ${EXTRA_SETS:-}; do echo "$SHARED/gpu/sets/$s.txt"; done)
+CHUNK_MB=60 bash "$SHARED/gpu/stage.sh" $VLLM_SET $MORE gguf==0.19.0 datasets==5.2.0 dill==0.4.1 multiprocess==0.70.19
 
 work=$(mktemp -d); trap 'rm -rf "$work"' EXIT
 mkdir -p "$work/dl" "$work/models/gsm8k"
