@@ -143,8 +143,10 @@ def test_user_reward_function(tmp_path):
         score("broken", "a")
     with pytest.raises(RewardError, match="returned nan on sample 0"):
         score("nan", "a")
-    with pytest.raises(RewardError, match="has no function 'missing'"):
+    with pytest.raises(RewardError, match="has no function 'missing'; it has as_dict, broken, length, nan$"):
         load_reward_function(f"{f}:missing")
+    with pytest.raises(RewardError, match="has no function 'lenght'; did you mean 'length'\\?"):
+        load_reward_function(f"{f}:lenght")
     with pytest.raises(RewardError, match="cannot import 'no_such_module_xyz'"):
         load_reward_function("no_such_module_xyz:f")
 

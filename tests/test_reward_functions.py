@@ -357,9 +357,11 @@ def test_reward_functions_config(user):
         ["reward.functions=[{fn: gsm8k, wieght: 2}]"],
         r"reward.functions\[0\]: unknown key 'wieght'; its keys are fn, weight, name, args",
     )
-    assert_refused(
-        ["reward.functions=[gsm8k]"], r"reward.functions\[0\] must be a mapping with keys fn, weight"
-    )
+    # TRL's reward_funcs: a list of functions; here each by name, weight 1 (one alone needs no brackets)
+    listed = load_config("laptop", None, ["reward.functions=[gsm8k, my.mod:f]"]).reward.functions
+    assert listed == (RewardFunctionConfig(fn="gsm8k"), RewardFunctionConfig(fn="my.mod:f"))
+    assert load_config("laptop", None, ["reward.functions=my.mod:f"]).reward.functions == listed[1:]
+    assert_refused(["reward.functions=[3]"], r"reward.functions\[0\] must be a mapping with keys fn, weight")
     assert_refused(
         ["reward.functions=[{fn: nocolon}]"], r"reward.functions\[0\].fn='nocolon' must be module:function"
     )

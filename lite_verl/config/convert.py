@@ -186,6 +186,8 @@ def _coerce(key: str, value: Any, tp: Any) -> Any:
         kt, vt = typing.get_args(tp)
         return {_coerce(f"{key} key", k, kt): _coerce(f"{key}.{k}", v, vt) for k, v in value.items()}
     if dataclasses.is_dataclass(tp):  # an entry of a list of small sections (reward.functions)
+        if isinstance(value, str) and "fn" in _hints(typing.cast(type, tp)):
+            value = {"fn": value}  # TRL's reward_funcs: a list of functions, here by name
         if not isinstance(value, dict):
             raise bad
         names = _hints(typing.cast(type, tp))

@@ -124,7 +124,20 @@ def load_reward_function(spec: str, key: str = "reward.function") -> RewardFn:
         raise RewardError(f"{key}: cannot import {target!r} ({type(e).__name__}: {e})") from None
     fn = getattr(module, name, None)
     if not callable(fn):
-        raise RewardError(f"{key}: {target!r} has no function {name!r}")
+        import difflib
+
+        mine = [
+            n
+            for n, v in vars(module).items()
+            if callable(v) and getattr(v, "__module__", "") == module.__name__
+        ]
+        close = difflib.get_close_matches(name, mine, n=1)
+        hint = (
+            f"; did you mean {close[0]!r}?"
+            if close
+            else (f"; it has {', '.join(sorted(mine))}" if mine else "")
+        )
+        raise RewardError(f"{key}: {target!r} has no function {name!r}{hint}")
     return fn
 
 
