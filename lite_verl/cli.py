@@ -41,17 +41,20 @@ EPILOG = (
 )
 
 
-def _add_config_args(p: argparse.ArgumentParser, config_file: bool = True) -> None:
-    p.add_argument(
-        "--preset",
-        help="hardware preset: a name in presets/ (e.g. laptop, 4090x1), a YAML path, or auto "
-        "(detect this machine's GPUs and pick what fits)",
-    )
-    p.add_argument(
-        "--recipe",
-        help="what to train: a name in recipes/ (data, rewards, hyper-parameters; `lite-verl recipes`) or a "
-        "YAML path; layered under the preset",
-    )
+PRESET_HELP = ("hardware preset: a name in presets/ (e.g. laptop, 4090x1), a YAML path, or auto (detect this "
+               "machine's GPUs and pick what fits)")  # fmt: skip
+RECIPE_HELP = ("what to train: a name in recipes/ (data, rewards, hyper-parameters; `lite-verl recipes`) or a YAML "
+               "path; layered under the preset")  # fmt: skip
+
+
+def _add_config_args(
+    p: argparse.ArgumentParser,
+    config_file: bool = True,
+    preset_help: str = PRESET_HELP,
+    recipe_help: str = RECIPE_HELP,
+) -> None:
+    p.add_argument("--preset", help=preset_help)
+    p.add_argument("--recipe", help=recipe_help)
     if config_file:
         p.add_argument("--config", help="your YAML config; layered over the preset")
     p.add_argument(
@@ -219,13 +222,12 @@ def _add_run_commands(sub) -> None:
         epilog=EPILOG,
     )
     p.add_argument("target", metavar="MODEL_OR_RUN_DIR", help="a run directory, or a model (model.path)")
-    _add_config_args(p)
-    for action in p._actions:  # the same options, read for an evaluation
-        if action.dest == "recipe":
-            action.help = ("the task to evaluate on: a name in recipes/ (its data, rewards and sampling) or a YAML "
-                           "path; a run directory keeps its model and adapter")  # fmt: skip
-        elif action.dest == "preset":
-            action.help += "; with a run directory, in place of the hardware keys it was trained with"
+    _add_config_args(
+        p,
+        preset_help=PRESET_HELP + "; with a run directory, in place of the hardware keys it was trained with",
+        recipe_help="the task to evaluate on: a name in recipes/ (its data, rewards and sampling) or a YAML path; "
+        "a run directory keeps its model and adapter",
+    )
     p.add_argument("--k", type=int, default=4, help="samples per prompt for mean@k and pass@k (default 4)")
     p.add_argument("--correct", type=float, default=1.0, help="a reward at least this counts as correct")
     p.add_argument("--correct-fn", default="", metavar="NAME", help="with several reward.functions: the one whose "

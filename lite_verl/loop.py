@@ -145,7 +145,7 @@ def validate(session: Session, step: int) -> dict[str, float]:
         return {}
     sampling = SamplingSettings.of(session.cfg.rollout, greedy=True)
     scores = score_prompts(session, val, sampling, step_seed(session.cfg.trainer.seed, -1))
-    right = _judged(session, scores) >= CORRECT
+    right = judged(session, scores) >= CORRECT
     out = {"val/reward_mean": float(scores.mean()), "val/acc": float(right.float().mean())}
     sources = sorted({row.data_source for row in val.rows})
     for source in sources if len(sources) > 1 else []:
@@ -155,12 +155,13 @@ def validate(session: Session, step: int) -> dict[str, float]:
     return out
 
 
-def _judged(session: Session, scores: torch.Tensor) -> torch.Tensor:
-    """What is judged right or wrong: with several reward.functions the first one's own values (the task's;
-    a format or length term comes after it; None is wrong), as `lite-verl eval` judges; else the reward."""
+def judged(session: Session, scores: torch.Tensor, judge: str = "") -> torch.Tensor:
+    """What is judged right or wrong in the last scoring (`scores`): with several reward.functions the own
+    values of `judge`, by default the first one (the task's; a format or length term comes after it; None is
+    wrong); else the reward itself. Validation and `lite-verl eval` judge alike."""
     parts = session.scorer.last_parts  # in reward.functions' order
     if len(session.cfg.reward.functions) > 1 and parts:
-        return next(iter(parts.values())).nan_to_num(nan=float("-inf"))
+        return (parts[judge] if judge else next(iter(parts.values()))).nan_to_num(nan=float("-inf"))
     return scores
 
 

@@ -119,7 +119,8 @@ def test_with_several_weighted_rewards_correctness_is_the_first_functions_own_sc
 
     from lite_verl.config import load_config
     from lite_verl.errors import UserError
-    from lite_verl.tools.evaluate import _judged, judged_by
+    from lite_verl.loop import judged  # the run's own validation judges alike
+    from lite_verl.tools.evaluate import judged_by
 
     part = SourceScores(greedy=[0.93, 0.1], sampled=[[0.93, 0.1], [0.1, 0.1]],
                         greedy_judged=[1.0, 0.0], sampled_judged=[[1.0, 0.0], [0.0, 0.0]])  # fmt: skip
@@ -132,12 +133,10 @@ def test_with_several_weighted_rewards_correctness_is_the_first_functions_own_sc
     assert judged_by(load_config("laptop", None, []), "") == ""  # one reward: its total
     with pytest.raises(UserError, match=r"--correct-fn acc: not one of reward.functions \(gsm8k, length\)"):
         judged_by(cfg, "acc")
-    session = SimpleNamespace(scorer=SimpleNamespace(last_parts={"gsm8k": torch.tensor([1.0, float("nan")])}))
-    assert _judged(session, "gsm8k").tolist() == [1.0, float("-inf")] and _judged(session, "") is None
-    from lite_verl import loop  # the run's own validation judges alike
-
-    session.cfg = cfg
+    parts = {"gsm8k": torch.tensor([1.0, float("nan")])}
+    session = SimpleNamespace(cfg=cfg, scorer=SimpleNamespace(last_parts=parts))
     total = torch.tensor([0.93, 0.2])
-    assert loop._judged(session, total).tolist() == [1.0, float("-inf")]
+    assert judged(session, total, "gsm8k").tolist() == [1.0, float("-inf")]
+    assert judged(session, total).tolist() == [1.0, float("-inf")]  # the first function by default
     session.cfg = load_config("laptop", None, [])
-    assert loop._judged(session, total) is total
+    assert judged(session, total) is total and judged(session, total, "") is total

@@ -53,6 +53,7 @@ def validate_config(cfg: Config) -> Config:
     _check_train(cfg.train)
     _check_algorithm(cfg)
     _check_reward_trainer(cfg)
+    _check_offload_during_rollout(cfg)
     _check_full_finetuning(cfg)
     _check_train_ranks(cfg)
     _check_placement(cfg)
@@ -306,19 +307,25 @@ def _check_reward_trainer(cfg: Config) -> None:
     _positive("trainer.samples_per_step", tr.samples_per_step, allow_zero=True)
 
 
+def _check_offload_during_rollout(cfg: Config) -> None:
+    """train.offload_during_rollout: a LoRA trainer parks while a vLLM on its GPUs generates."""
+    t = cfg.train
+    if not t.offload_during_rollout or (cfg.hybrid and not t.full_finetune):
+        return
+    fix = (
+        "fsdp/deepspeed offload with train.offload_params" if t.full_finetune
+        else "it needs rollout.engine=vllm on the train GPUs with rollout.colocate=true"
+    )  # fmt: skip
+    raise ConfigError(
+        f"train.offload_during_rollout=true applies to lora/qlora sharing its GPUs with a sleeping vLLM "
+        f"(train.backend={t.backend}, rollout.engine={cfg.rollout.engine}, rollout.gpus={list(cfg.rollout.gpus)}, "
+        f"train.gpus={list(t.gpus)}): {fix}; or set train.offload_during_rollout=false"
+    )
+
+
 def _check_full_finetuning(cfg: Config) -> None:
     """train.backend=fsdp|deepspeed (train/full.py) and its offload knobs."""
     t = cfg.train
-    if t.offload_during_rollout and (t.full_finetune or not cfg.hybrid):
-        fix = (
-            "fsdp/deepspeed offload with train.offload_params" if t.full_finetune
-            else "it needs rollout.engine=vllm on the train GPUs with rollout.colocate=true"
-        )  # fmt: skip
-        raise ConfigError(
-            f"train.offload_during_rollout=true applies to lora/qlora sharing its GPUs with a sleeping vLLM "
-            f"(train.backend={t.backend}, rollout.engine={cfg.rollout.engine}, rollout.gpus={list(cfg.rollout.gpus)}, "
-            f"train.gpus={list(t.gpus)}): {fix}; or set train.offload_during_rollout=false"
-        )
     if t.optimizer_state_dtype != "float32" and t.backend != "fsdp":
         raise ConfigError(
             f"train.optimizer_state_dtype={t.optimizer_state_dtype} applies to train.backend=fsdp (AdamW over "

@@ -8,9 +8,9 @@ are copied into a clean model built from the same config (without its quantizati
 transformers' GGUF tokenizer ignores the file's `tokenizer.ggml.add_bos_token` (Gemma's GGUF sets it, and
 Gemma without <bos> degenerates), so the importer carries that flag (and add_eos_token) into the saved
 tokenizer: its post-processor adds the token, and tokenizer_config.json says so. The tokenizer transformers
-builds must also split text as the model was trained to: before 5.19 it rebuilt Gemma's missing merges in the
-wrong order ('Question' -> 'Qu' 'est' 'ion'; a model fed such ids answers nothing right), so the import checks
-that the vocabulary's own words come back whole and refuses otherwise.
+builds must also split text as the model was trained to: before 5.19 it built Gemma's (a merges tokenizer) as a
+Unigram that splits 'Question' into 'Qu' 'est' 'ion' (a model fed such ids answers nothing right), so the import
+checks that the vocabulary's own entries come back whole and refuses otherwise.
 """
 
 from __future__ import annotations
@@ -44,14 +44,14 @@ def import_gguf(gguf_file: str | Path, out_dir: str | Path, dtype: str = "bfloat
         raise MissingDependency("gguf", "gguf", "reading GGUF files")
     folder, name = str(src.parent), src.name
     try:
+        kind, flags = tokenizer_fields(src)
         tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
-        check_word_split(tokenizer, src)  # before the weights: dequantizing takes minutes on a laptop
+        check_word_split(tokenizer, src, kind)  # before the weights: dequantizing takes minutes on a laptop
         loaded = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32)
     except (ValueError, OSError, KeyError) as e:
         raise ModelError(
             f"{src}: transformers cannot read this GGUF file ({type(e).__name__}: {e})"
         ) from None
-    flags = special_token_flags(src)
     for flag, value in flags.items():
         setattr(tokenizer, flag, value)  # TokenizersBackend: rebuilds the post-processor
     config = AutoConfig.from_pretrained(folder, gguf_file=name)
@@ -69,11 +69,12 @@ def import_gguf(gguf_file: str | Path, out_dir: str | Path, dtype: str = "bfloat
     return out
 
 
-def check_word_split(tokenizer, src: Path) -> None:
-    """Refuse a tokenizer that splits its own vocabulary's words: the model never saw such ids."""
+def check_word_split(tokenizer, src: Path, kind: str) -> None:
+    """Refuse a tokenizer that splits its own vocabulary's words: the model never saw such ids. `kind`: the
+    file's tokenizer.ggml.model."""
     import transformers
 
-    whole, broken = words_kept_whole(tokenizer, merges_file=gguf_tokenizer_model(src) in MERGES_MODELS)
+    whole, broken = words_kept_whole(tokenizer, merges_file=kind in MERGES_MODELS)
     if whole >= WHOLE_WORDS_MIN:
         return
     word, pieces = broken
@@ -115,32 +116,23 @@ def words_kept_whole(
     return 1 - split / max(checked, 1), first
 
 
-MERGES_MODELS = (
-    "llama",
-    "gpt2",
-)  # GGUF tokenizer.ggml.model kinds that tokenize by merges (SentencePiece BPE,
-# byte-level BPE); "t5" is a Unigram
+# GGUF tokenizer.ggml.model kinds that tokenize by merges (SentencePiece BPE, byte-level BPE); "t5" is a Unigram
+MERGES_MODELS = ("llama", "gpt2")
 
 
-def gguf_tokenizer_model(gguf_file: Path) -> str:
-    """The file's tokenizer.ggml.model ("llama", "gpt2", "t5", ...; '' when absent)."""
-    from gguf import GGUFReader
-
-    field = GGUFReader(gguf_file).get_field("tokenizer.ggml.model")
-    return str(field.contents()) if field is not None else ""
-
-
-def special_token_flags(gguf_file: Path) -> dict[str, bool]:
-    """{add_bos_token, add_eos_token}: the ones the GGUF file's tokenizer metadata sets."""
+def tokenizer_fields(gguf_file: Path) -> tuple[str, dict[str, bool]]:
+    """From one read of the file's metadata: its tokenizer.ggml.model ("llama", "gpt2", "t5"...; '' when
+    absent) and {add_bos_token, add_eos_token}, the ones it sets."""
     from gguf import GGUFReader
 
     reader = GGUFReader(gguf_file)
+    model = reader.get_field("tokenizer.ggml.model")
     flags = {}
     for flag in ("add_bos_token", "add_eos_token"):
         field = reader.get_field(f"tokenizer.ggml.{flag}")
         if field is not None:
             flags[flag] = bool(field.contents())
-    return flags
+    return (str(model.contents()) if model is not None else ""), flags
 
 
 def imported_gguf(gguf_file: Path, dtype: str) -> Path:

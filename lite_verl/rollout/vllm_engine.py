@@ -92,10 +92,9 @@ class VLLMRolloutEngine:
         require_vllm()
         same_gpus = bool(cfg.rollout.gpus) and cfg.rollout.gpus == cfg.train.gpus
         options = worker_options(cfg, model_path, colocated=cfg.hybrid)
-        engine = cls(cfg.rollout, cfg.sync, options, tokenizer, backend, same_gpus)
-        # the trainer leaves the card after each sync: the KV cache waits for it (wake(weights_only=True))
-        engine.kv_after_sync = cfg.train.offload_during_rollout
-        return engine
+        return cls(
+            cfg.rollout, cfg.sync, options, tokenizer, backend, same_gpus, cfg.train.offload_during_rollout
+        )
 
     def __init__(
         self,
@@ -105,9 +104,12 @@ class VLLMRolloutEngine:
         tokenizer,
         backend,
         same_gpus: bool,
+        kv_after_sync: bool = False,
     ) -> None:
         """Start the worker with `options` and wait until vLLM serves (START_TIMEOUT_S). `same_gpus`:
-        rollout.gpus == train.gpus, so weights can move by CUDA IPC."""
+        rollout.gpus == train.gpus, so weights can move by CUDA IPC. `kv_after_sync`: the trainer leaves the
+        card after each sync (train.offload_during_rollout), so a sync wakes the weights alone and the KV
+        cache waits for the next rollout."""
         self.rollout, self.sync, self.tokenizer, self.backend = rollout, sync, tokenizer, backend
         self.mode = sync.mode
         self.same_gpus = same_gpus
@@ -121,7 +123,7 @@ class VLLMRolloutEngine:
         self.recipe = _awq_recipe(rollout, Path(options.model))
         self.sleeping = False
         self.weights_awake = False  # asleep but for the weights: a sync woke them, the KV cache comes later
-        self.kv_after_sync = False
+        self.kv_after_sync = kv_after_sync
         self.version = 0
         self.last_sync_parts: dict[str, float] = {}
         # an async generate in flight: (prompts, sampling, greedy copies)

@@ -48,8 +48,8 @@ def pass_at_k(n: int, c: int, k: int) -> float:
 
 @dataclass
 class SourceScores:
-    """One data source's rewards: greedy [prompts], sampled [prompts][k]; and what is judged correct when
-    that is not the reward itself (one function of several: `judged_by`), in the same shapes."""
+    """One data source's rewards: greedy [prompts], sampled [prompts][k]; and what is judged correct
+    (loop.judged: one function of several, else the rewards themselves), in the same shapes."""
 
     greedy: list[float] = field(default_factory=list)
     sampled: list[list[float]] = field(default_factory=list)
@@ -82,7 +82,7 @@ def _mean(xs: list[float]) -> float:
 def evaluate(session: Session, k: int, correct: float, judge: str = "") -> dict[str, dict[str, float]]:
     """Scores of the session's validation prompts, per data source and over all ('all'). Correctness is the
     reward reaching `correct`; with several reward.functions, the own score of `judge` (judged_by)."""
-    from lite_verl.loop import score_prompts, step_seed
+    from lite_verl.loop import judged, score_prompts, step_seed
     from lite_verl.rollout.base import SamplingSettings
 
     cfg, val = session.cfg, session.val_set
@@ -95,18 +95,17 @@ def evaluate(session: Session, k: int, correct: float, judge: str = "") -> dict[
     greedy, sampled = SamplingSettings.of(r, greedy=True), SamplingSettings.of(r, n=k)
     seed = step_seed(cfg.trainer.seed, -2)
     g = score_prompts(session, val, greedy, seed)
-    g_judged = _judged(session, judge)
+    g_judged = judged(session, g, judge)
     s = score_prompts(session, val, sampled, seed)
-    s_judged = _judged(session, judge)
+    s_judged = judged(session, s, judge)
     by_source: dict[str, SourceScores] = defaultdict(SourceScores)
     for i, row in enumerate(val.rows):
         for name in (row.data_source, "all"):
             part = by_source[name]
             part.greedy.append(float(g[i]))
             part.sampled.append([float(x) for x in s[i * k : (i + 1) * k]])
-            if g_judged is not None and s_judged is not None:
-                part.greedy_judged.append(float(g_judged[i]))
-                part.sampled_judged.append([float(x) for x in s_judged[i * k : (i + 1) * k]])
+            part.greedy_judged.append(float(g_judged[i]))
+            part.sampled_judged.append([float(x) for x in s_judged[i * k : (i + 1) * k]])
     return {name: part.summary(k, correct) for name, part in sorted(by_source.items())}
 
 
@@ -122,13 +121,6 @@ def judged_by(cfg: Config, correct_fn: str) -> str:
             f"--correct-fn {correct_fn}: not one of reward.functions ({', '.join(names) or 'none'})"
         )
     return correct_fn or (names[0] if len(names) > 1 else "")
-
-
-def _judged(session: Session, judge: str):
-    """The judged function's values of the last scoring ([N], NaN where it gave None), or None."""
-    if not judge:
-        return None
-    return session.scorer.last_parts[judge].nan_to_num(nan=float("-inf"))
 
 
 def eval_config(

@@ -17,16 +17,8 @@ import torch
 
 from lite_verl.batch import RolloutBatch, UpdateBatch
 
-COMMANDS = (
-    "update",
-    "generate",
-    "buckets",
-    "linears",
-    "save",
-    "load",
-    "park",
-    "unpark",
-)  # what a follower runs
+# what a follower runs
+COMMANDS = ("update", "generate", "buckets", "linears", "save", "load", "park", "unpark")
 STOP = "stop"  # leave the group and exit
 
 

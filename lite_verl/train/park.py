@@ -30,7 +30,7 @@ class HostPark:
         self.device = device
         self.parked = False
         self._host: dict[object, torch.Tensor] = {}  # slot key -> its host copy (a view of _buffer)
-        self._fresh: set[object] = set()  # frozen slots whose host copy holds their current value
+        self._frozen_copied = False  # the frozen tensors' host copies hold their values (since _allocate)
         self._buffer: torch.Tensor | None = None
 
     def park(self, modules: list[torch.nn.Module], optimizers: list[torch.optim.Optimizer]) -> None:
@@ -41,11 +41,10 @@ class HostPark:
             self._allocate(slots)
         for slot, tensor in slots:
             host = self._host[slot.key]
-            if not (slot.frozen and slot.key in self._fresh):
+            if not (slot.frozen and self._frozen_copied):
                 host.copy_(tensor, non_blocking=True)
-            if slot.frozen:
-                self._fresh.add(slot.key)
             slot.put(host)
+        self._frozen_copied = True
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)  # the copies are done before the device memory is reused
             torch.cuda.ipc_collect()  # storages another process (vLLM, a merged sync) opened and released
@@ -69,7 +68,7 @@ class HostPark:
         state at the first step)."""
         sizes = [_aligned(t.numel() * t.element_size()) for _, t in slots]
         self._buffer = torch.empty(sum(sizes), dtype=torch.uint8, pin_memory=torch.cuda.is_available())
-        self._host, self._fresh, offset = {}, set(), 0
+        self._host, self._frozen_copied, offset = {}, False, 0
         for (slot, tensor), size in zip(slots, sizes):
             nbytes = tensor.numel() * tensor.element_size()
             view = self._buffer[offset : offset + nbytes].view(tensor.dtype).view(tensor.shape)
