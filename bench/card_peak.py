@@ -80,8 +80,15 @@ def main() -> None:
     ap.add_argument("--variants", default="preset,kv_auto,offload", help=f"of {', '.join(VARIANTS)}")
     ap.add_argument("--set", action="append", default=[], help="KEY=VALUE for every variant (where/how only)")
     ap.add_argument("--root", type=Path, default=Path("/tmp/lite-verl-bench-models"))
+    ap.add_argument("--warm", action="store_true",
+                    help="build the model and calibrate its AWQ copy (one step of the first variant), record nothing: "
+                         "run beside other GPU work, then measure alone with the cache warm")  # fmt: skip
     args = ap.parse_args()
     model, label = built_model(args.size, args.root)
+    if args.warm:
+        args.steps = 1
+        print("warm", run_variant(args.variants.split(",")[0], model, args), flush=True)
+        return
     command = "python -m bench.card_peak " + " ".join(sys.argv[1:])
     for name in args.variants.split(","):
         out = run_variant(name, model, args)

@@ -19,6 +19,8 @@
 #   bash bench/gpu_session.sh profile   # bench/profile_update.py: one LoRA update, fused / plain head, ckpt on/off
 #   bash bench/gpu_session.sh peak 7b   # bench/card_peak.py: the 4090x1 qlora + AWQ GRPO's device-wide peak, loading
 #                                       #   included, and step time: preset / kv_auto / offload (peak 7b 4 offload: one)
+#   bash bench/gpu_session.sh peakwarm 7b  # the same in the background, --warm: builds the model and calibrates its AWQ copy
+#                                       #   beside other work (e.g. gpu_recipes.sh); /tmp/peakwarm.rc when done
 #   bash bench/gpu_session.sh gsm8k 50  # bench/gsm8k.py: SmolLM2 on GSM8K, lite-verl and TRL (trl set, .stage/gsm8k)
 #                                       #   (gsm8k 20 lite-verl [LR], then gsm8k 20 trl [LR]: one trainer per call)
 # Prefix each call with LITE_VERL_COMMIT=<git rev-parse --short HEAD here>: the machine's copy of the tree
@@ -64,6 +66,10 @@ case "${1:-}" in
            cp /tmp/lite-verl-big/*.log $X/ 2>/dev/null ;;
   trl)     limit python3 -m bench.vs_trl --gpu --steps "${2:-10}" --size "${3:-1.5b}" --sync "${4:-adapter}" --sleep-level "${5:-1}" 2>&1 | tee "$OUT/trl.log" | grep -vE "^(INFO|WARNING|\(|\[)" | tail -40
            cp /tmp/lite-verl-vs-trl.log $X/ 2>/dev/null ;;
+  peakwarm) rm -rf /tmp/lvw && mkdir /tmp/lvw && tar -C "$PWD" --exclude=./.stage -cf - . | tar -C /tmp/lvw -xf - && rm -f /tmp/peakwarm.rc
+           (cd /tmp/lvw && PYTHONPATH=/tmp/site:/tmp/lvw setsid nohup python3 -m bench.card_peak --warm --size "${2:-7b}" --variants "${3:-offload}" \
+              > /tmp/peakwarm.log 2>&1; echo $? > /tmp/peakwarm.rc) &
+           echo "peakwarm started in the background: /tmp/peakwarm.log"; echo 0 > $RC ;;
   peak)    limit python3 -m bench.card_peak --size "${2:-7b}" --steps "${3:-4}" --variants "${4:-preset,kv_auto,offload}" 2>&1 \
              | tee "$OUT/peak.log" | grep -vE "^(INFO|WARNING|\(|\[)" | tail -40
            for v in preset kv_auto offload; do cp /tmp/lite-verl-card-peak-$v.log $X/ 2>/dev/null; done ;;
