@@ -301,6 +301,22 @@ def test_no_answer_column_and_data_source_key(tmp_path):
     assert row.ground_truth is None and row.data_source == "openai/gsm8k"
 
 
+def test_default_answer_key_finds_a_trl_datasets_answer_column(tmp_path, capsys):
+    """A TRL dataset (prompt + solution) with data.answer_key left at verl's default: the solution is the
+    ground truth, said once; an explicit key still wins, and a source with none of the usual columns is
+    an error naming its columns."""
+    rows = [{"prompt": "What is 2 + 3?", "solution": "5", "level": 1}, {"prompt": "1 + 1?", "solution": "2", "level": 2}]
+    path = _jsonl(tmp_path / "trl.jsonl", rows)
+    train, _ = _rows(DataConfig(train_files=(str(path),), val_split=""))
+    assert [r.ground_truth for r in train] == ["5", "2"] and train[0].columns["solution"] == "5"
+    assert "ground truth from its column 'solution'" in capsys.readouterr().err
+    train, _ = _rows(DataConfig(train_files=(str(path),), val_split="", answer_key="level"))
+    assert [r.ground_truth for r in train] == [1, 2]
+    bare = _jsonl(tmp_path / "bare.jsonl", [{"prompt": "hi", "level": 1}])
+    with pytest.raises(DataError, match=r"missing field 'reward_model.ground_truth'.*\['level', 'prompt'\]"):
+        _rows(DataConfig(train_files=(str(bare),), val_split=""))
+
+
 def test_sources_that_are_neither_a_path_nor_a_hub_id(tmp_path):
     with pytest.raises(
         DataError, match="'nope.jsonl' does not exist; give a .jsonl/.json/.parquet/.csv file"

@@ -107,7 +107,8 @@ class DataConfig:
     answer_key: str = key(
         "reward_model.ground_truth",
         "column holding the ground truth given to the reward, its type kept; a.b = key b of struct column a "
-        "(verl's schema); '' = none",
+        "(verl's schema); left at this default, a source without verl's reward_model column uses its first "
+        "column of answer, solution, ground_truth, target; '' = none",
     )
     system_prompt: str = key("", "a system message put before every prompt that has none")
     prompt_template: str = key(

@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 import sys
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +25,10 @@ from lite_verl.data.sources import RawRows, load_split
 from lite_verl.errors import DataError
 
 MESSAGES = "a list of chat messages {role, content}"
+VERL_ANSWER = "reward_model.ground_truth"  # data.answer_key's default: verl's schema
+# where TRL-style and plain datasets keep the answer, tried in order when a source has no verl schema and
+# data.answer_key is left at its default (trl-lib's maths sets: solution; GSM8K, MATH-style: answer)
+ANSWER_COLUMNS = ("answer", "solution", "ground_truth", "target")
 
 
 @dataclass(frozen=True)
@@ -57,7 +61,7 @@ class ColumnKeys:
     """Which columns make a PromptRow: DataConfig's prompt_key, answer_key, system_prompt, data_source."""
 
     prompt: str = "prompt"
-    answer: str = "reward_model.ground_truth"  # a.b reads key b of struct column a; "" = no ground truth
+    answer: str = VERL_ANSWER  # a.b reads key b of struct column a; "" = no ground truth
     system_prompt: str = ""  # a system message put before prompts that have none
     data_source: str = ""  # for rows without a data_source column; "" = the source's path or Hub id
     template: str = ""  # the last user message becomes template.format(prompt=it); "" = as it is
@@ -157,9 +161,10 @@ def rows_from(parts: list[RawRows], keys: ColumnKeys, what: str, skip_bad: bool)
                 "set data.prompt_key to the column that holds the prompts"
             )
         source = keys.data_source or part.source
+        part_keys = _answer_column(part, keys, what)
         for i, raw in enumerate(part.rows):
             try:
-                rows.append(parse_row(raw, part.where(i), keys, source))
+                rows.append(parse_row(raw, part.where(i), part_keys, source))
             except DataError as e:
                 if not skip_bad:
                     raise
@@ -171,6 +176,19 @@ def rows_from(parts: list[RawRows], keys: ColumnKeys, what: str, skip_bad: bool)
         print(f"lite-verl: skipped {len(bad)} of {total} rows of {parts[0].source!r} (data.skip_bad_rows); "
               f"the first: {bad[0]}", file=sys.stderr)  # fmt: skip
     return rows
+
+
+def _answer_column(part: RawRows, keys: ColumnKeys, what: str) -> ColumnKeys:
+    """The keys for one source: with data.answer_key at verl's default and no 'reward_model' column, the
+    answer comes from the first of ANSWER_COLUMNS the source has (said once), as a TRL user expects."""
+    if keys.answer != VERL_ANSWER or "reward_model" in part.columns:
+        return keys
+    found = next((c for c in ANSWER_COLUMNS if c in part.columns), None)
+    if found is None:
+        return keys  # parse_row names the missing field and the columns there are
+    print(f"lite-verl: {what}: {part.label}: ground truth from its column {found!r} (no verl 'reward_model' "
+          "column); set data.answer_key to choose another, or '' for none", file=sys.stderr)  # fmt: skip
+    return replace(keys, answer=found)
 
 
 def load_rows(
