@@ -130,3 +130,26 @@ def test_keep_checkpoints_0_writes_none(tmp_path):
     assert not list((tmp_path / "run").glob("checkpoints/*"))
     out = cli("export", "run", "merged", cwd=tmp_path)
     assert out.returncode != 0 and "keep_checkpoints > 0" in out.stderr
+
+
+def test_written_files_follow_the_umask(tmp_path):
+    """mkstemp and safetensors create 0600 files, which a rename keeps: a run, a checkpoint or an export
+    another user (a vLLM server, a teammate's watch) must read gets the modes a plain open() would."""
+    import torch
+    from safetensors.torch import save_file
+
+    from lite_verl.run.files import atomic_directory, atomic_write_text
+
+    old = os.umask(0o022)
+    try:
+        atomic_write_text(tmp_path / "config.yaml", "a: 1\n")
+        with atomic_directory(tmp_path / "ckpt") as tmp:
+            save_file({"w": torch.zeros(2)}, str(tmp / "model.safetensors"))
+            (tmp / "adapter").mkdir()
+    finally:
+        os.umask(old)
+    modes = {
+        p.name: p.stat().st_mode & 0o777
+        for p in [tmp_path / "config.yaml", *(tmp_path / "ckpt").rglob("*"), tmp_path / "ckpt"]
+    }
+    assert modes == {"config.yaml": 0o644, "model.safetensors": 0o644, "adapter": 0o755, "ckpt": 0o755}

@@ -46,6 +46,24 @@ def disk_error(e: OSError) -> str:
     return f"{verb} {e.filename or 'a file'}: {e.strerror}{room}; {fix}"
 
 
+def _umask() -> int:
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def follow_umask(root: Path) -> None:
+    """Give `root` and everything under it the modes a plain open() would (0644 / 0755 under umask 022).
+    mkstemp/mkdtemp and safetensors create 0600 / 0700, which a rename keeps: a vLLM server, a teammate's
+    `lite-verl watch` or TensorBoard running as another user could not read the run or the export."""
+    mask = _umask()
+    root = Path(root)
+    paths = [root, *root.rglob("*")] if root.is_dir() else [root]
+    for p in paths:
+        if not p.is_symlink():
+            os.chmod(p, (0o777 if p.is_dir() else 0o666) & ~mask)
+
+
 def atomic_write_text(path: Path, text: str) -> None:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -55,6 +73,7 @@ def atomic_write_text(path: Path, text: str) -> None:
             f.write(text)
             f.flush()
             os.fsync(f.fileno())
+        os.chmod(tmp, 0o666 & ~_umask())
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
@@ -68,9 +87,9 @@ def atomic_directory(final: Path):
     final = Path(final)
     final.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.", dir=final.parent))
-    tmp.chmod(0o755)
     try:
         yield tmp
+        follow_umask(tmp)
         if final.exists():
             shutil.rmtree(final)
         os.replace(tmp, final)
