@@ -79,12 +79,16 @@ def prepare(cfg: Config) -> Session:
 
     The three seams come from their factories: `make_scorer` (reward/), `build_trainer` (train/) and
     `build_engine` (rollout/); the trainer comes before the engine, which serves its weights."""
-    from lite_verl.model.load import load_tokenizer, resolve_model_path
+    from lite_verl.model.load import check_prequantized, load_tokenizer, resolve_model_path
 
     cfg = cfg.with_auto_resolved()
     torch.manual_seed(cfg.trainer.seed)
     scorer = make_scorer(cfg.reward)  # imports reward.function, reads reward.model's config; starts nothing
     path = resolve_model_path(cfg.model)
+    awq = (
+        cfg.rollout.engine == "vllm" and cfg.rollout.quantization == "awq" and not cfg.rollout.quantized_path
+    )
+    check_prequantized(path, cfg.model.path, cfg.train.backend, awq)
     tokenizer = load_tokenizer(path, cfg.model.trust_remote_code)
     train_set, val_set = load_prompt_sets(cfg.data, tokenizer, cfg.trainer.seed)
     group, backend = build_trainer(cfg, path)

@@ -285,6 +285,56 @@ def test_export_merges_the_trained_adapter(tmp_path):
 
 
 @pytest.mark.skipif(
+    importlib.util.find_spec("bitsandbytes") is None,
+    reason="bitsandbytes is not installed: pip install 'lite-verl[qlora]'",
+)
+def test_a_pre_quantized_4bit_checkpoint_trains_as_qlora_and_exports_dequantized(tmp_path):
+    """Unsloth's *-bnb-4bit checkpoints: LoRA on them is refused in one line before anything loads (it
+    crashed at the first update); QLoRA trains; export dequantizes the base, merges, and saves a plain model
+    whose logits are the trained policy's."""
+    import torch
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM, AutoTokenizer, BitsAndBytesConfig
+
+    from lite_verl.model.tiny import resolve_tiny
+
+    plain = resolve_tiny("tiny:qwen2", init_std=0.02)
+    quant = BitsAndBytesConfig(
+        load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_compute_dtype=torch.float32
+    )
+    AutoModelForCausalLM.from_pretrained(plain, quantization_config=quant).save_pretrained(tmp_path / "bnb4")
+    AutoTokenizer.from_pretrained(plain).save_pretrained(tmp_path / "bnb4")
+    model = ["--set", f"model.path={tmp_path / 'bnb4'}", *FAST, "--set", "trainer.total_steps=2"]
+    refused = cli("train", "--run-dir", "lora", *model, cwd=tmp_path)
+    assert refused.returncode == 2 and "pre-quantized (bitsandbytes)" in refused.stderr, refused.stderr[
+        -1500:
+    ]
+    assert "train.backend=qlora" in refused.stderr and not (tmp_path / "lora").exists()
+    run = cli(
+        "train",
+        "--run-dir",
+        "run",
+        *model,
+        "--set",
+        "train.backend=qlora",
+        "--set",
+        "train.lr=0.02",
+        cwd=tmp_path,
+    )
+    assert run.returncode == 0, run.stderr[-2000:]
+    out = cli("export", "run", "merged", cwd=tmp_path)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "quantization_config" not in json.loads((tmp_path / "merged" / "config.json").read_text())
+    ckpt = sorted((tmp_path / "run" / "checkpoints").iterdir())[-1]
+    ids = torch.randint(3, 200, (2, 16), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        base = AutoModelForCausalLM.from_pretrained(tmp_path / "bnb4").dequantize()
+        want = PeftModel.from_pretrained(base, ckpt / "adapter")(ids).logits
+        got = AutoModelForCausalLM.from_pretrained(tmp_path / "merged")(ids).logits
+    assert torch.allclose(got, want, atol=1e-4)
+
+
+@pytest.mark.skipif(
     importlib.util.find_spec("awq") is None, reason="autoawq is not installed: pip install 'lite-verl[awq]'"
 )
 def test_quantize_cli_writes_a_vllm_awq_model_with_its_recipe(tmp_path):

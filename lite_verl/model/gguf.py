@@ -35,6 +35,7 @@ def import_gguf(gguf_file: str | Path, out_dir: str | Path, dtype: str = "bfloat
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
     from lite_verl.device import torch_dtype
+    from lite_verl.model.load import plain_copy
     from lite_verl.run.files import atomic_directory
 
     src, out = Path(gguf_file), Path(out_dir)
@@ -54,12 +55,7 @@ def import_gguf(gguf_file: str | Path, out_dir: str | Path, dtype: str = "bfloat
         ) from None
     for flag, value in flags.items():
         setattr(tokenizer, flag, value)  # TokenizersBackend: rebuilds the post-processor
-    config = AutoConfig.from_pretrained(folder, gguf_file=name)
-    if hasattr(config, "quantization_config"):
-        del config.quantization_config
-    clean = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
-    clean.load_state_dict(loaded.state_dict())
-    clean = clean.to(torch_dtype(dtype))
+    clean = plain_copy(loaded, AutoConfig.from_pretrained(folder, gguf_file=name)).to(torch_dtype(dtype))
     with atomic_directory(out) as tmp:
         clean.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)

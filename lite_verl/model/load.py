@@ -106,6 +106,50 @@ def check_causal_lm(path: Path) -> None:
     AutoConfig.from_pretrained(path)
 
 
+def quant_method(path: Path) -> str | None:
+    """The quantization a checkpoint was saved with (its config.json's quantization_config.quant_method:
+    bitsandbytes for Unsloth's *-bnb-4bit, awq, gptq, ...), or None for plain weights."""
+    try:
+        quant = json.loads((path / "config.json").read_text()).get("quantization_config")
+    except (OSError, json.JSONDecodeError):
+        return None
+    return str(quant.get("quant_method") or "unknown") if isinstance(quant, dict) else None
+
+
+def plain_copy(model: Any, config: Any = None) -> Any:
+    """The same weights in a model built from its config (or `config`) without quantization_config:
+    transformers refuses to save a model it loaded quantized (GGUF, bitsandbytes) even once dequantized."""
+    import copy
+
+    from transformers import AutoModelForCausalLM
+
+    config = copy.deepcopy(config or model.config)
+    if hasattr(config, "quantization_config"):
+        del config.quantization_config
+    clean = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    clean.load_state_dict(model.state_dict())
+    return clean
+
+
+def check_prequantized(path: Path, model_path: str, backend: str, awq_rollout: bool) -> None:
+    """A pre-quantized checkpoint trains only as QLoRA (on its bitsandbytes 4-bit weights) and cannot be
+    calibrated for AWQ: one line before anything loads, rather than a traceback at the first update."""
+    method = quant_method(path)
+    if method is None:
+        return
+    where = f"model.path={model_path!r} is saved pre-quantized ({method})"
+    if method != "bitsandbytes":
+        raise ModelError(
+            f"{where}; lite-verl trains from plain or bitsandbytes 4-bit weights: give the unquantized model"
+        )
+    if backend != "qlora":
+        raise ModelError(f"{where}: train it with --set train.backend=qlora (LoRA on its 4-bit weights), or give the "
+                         "unquantized model")  # fmt: skip
+    if awq_rollout:
+        raise ModelError(f"{where}: AWQ cannot be calibrated from 4-bit weights; set rollout.quantization=none "
+                         "(vLLM serves the bitsandbytes checkpoint) or give the unquantized model")  # fmt: skip
+
+
 def load_tokenizer(path: Path, trust_remote_code: bool = False):
     from transformers import AutoTokenizer
 

@@ -120,7 +120,7 @@ def _merged_hf(run: Path, cfg, target: Path) -> Path:
     from peft import PeftModel
     from transformers import AutoModelForCausalLM
 
-    from lite_verl.model.load import load_tokenizer, resolve_model_path
+    from lite_verl.model.load import load_tokenizer, plain_copy, quant_method, resolve_model_path
     from lite_verl.run.files import atomic_directory
     from lite_verl.run.rundir import RunDir
 
@@ -136,7 +136,10 @@ def _merged_hf(run: Path, cfg, target: Path) -> Path:
         base = AutoModelForCausalLM.from_pretrained(
             path, dtype=torch.float32, trust_remote_code=cfg.model.trust_remote_code
         )
+        prequantized = quant_method(path) is not None  # a *-bnb-4bit: dequantized, merged (merged_16bit)
+        base = base.dequantize() if prequantized else base
         merged = PeftModel.from_pretrained(base, ckpt / "adapter").merge_and_unload()
+        merged = plain_copy(merged) if prequantized else merged
     elif (ckpt / "model").is_dir():  # fsdp / deepspeed: the checkpoint holds the full weights
         merged = AutoModelForCausalLM.from_pretrained(
             ckpt / "model", dtype=torch.float32, trust_remote_code=cfg.model.trust_remote_code
