@@ -25,7 +25,7 @@ from lite_verl import algos
 from lite_verl.batch import RolloutBatch, UpdateBatch
 from lite_verl.config import Config, TrainerConfig
 from lite_verl.data.loader import PromptSampler, PromptSet, load_prompt_sets
-from lite_verl.errors import UserError
+from lite_verl.errors import RewardError, UserError
 from lite_verl.reward.base import Scorer, make_scorer
 from lite_verl.rollout.base import RolloutEngine, SamplingSettings
 from lite_verl.rollout.factory import build_engine
@@ -420,8 +420,14 @@ def _steps(
     skipped = flat = 0
     best = -math.inf  # the highest reward one response got in this process's steps
     saved_at = time.monotonic()
+    finished: tuple[int, dict[str, Any]] | None = None  # the last step done and its state, if not saved
     for step in range(start, tr.total_steps + 1):
-        metrics = train_step(session, sampler, step, ledger, samples)
+        try:
+            metrics = train_step(session, sampler, step, ledger, samples)
+        except RewardError:  # a reward that raised or hung: the policy of the last step done is intact
+            if finished is not None and tr.keep_checkpoints > 0:  # save it: fix the reward, then --resume
+                run.save_checkpoint(finished[0], session.backend, finished[1], tr.keep_checkpoints)
+            raise
         skipped = skipped + 1 if metrics.get("actor/skipped_step") else 0
         if skipped:
             warnings.warn(f"step {step}: non-finite loss or gradient; the update was skipped", stacklevel=1)
@@ -439,10 +445,11 @@ def _steps(
         progress.update(step, metrics)
         last = step == tr.total_steps
         saved = tr.keep_checkpoints > 0 and (last or stop.signum is not None or _due(tr, step, saved_at))
+        # a rollout in flight is not part of the state: a resumed run generates that batch again
+        consumed = sampler.consumed - (len(session.prefetched) if session.prefetched is not None else 0)
+        state = {"consumed": consumed, "ledger": ledger.state(), "kl_coef": session.kl_ctrl.value}
+        finished = None if saved else (step, state)
         if saved:
-            # a rollout in flight is not part of the state: a resumed run generates that batch again
-            consumed = sampler.consumed - (len(session.prefetched) if session.prefetched is not None else 0)
-            state = {"consumed": consumed, "ledger": ledger.state(), "kl_coef": session.kl_ctrl.value}
             run.save_checkpoint(step, session.backend, state, tr.keep_checkpoints)
             saved_at = time.monotonic()
         if stop.signum is not None and not last:
@@ -450,14 +457,23 @@ def _steps(
 
 
 def _no_signal(cfg: Config, metrics: dict[str, float], best: float) -> bool:
-    """Every group's rewards were equal, below the best reward seen (every response at the best is a solved
-    task, as at the end of the laptop run), and the estimator's baseline is the group: no advantage at all."""
+    """Every group's rewards were equal, and the estimator's baseline is the group: no advantage at all;
+    either below the best reward seen (every response at the best is a solved task, as at the end of the
+    laptop run), or with no response ever scored above 0 (a reward that never fires)."""
     grouped = cfg.algorithm.adv_estimator in algos.GROUP_BASELINES
-    return grouped and metrics.get("reward/zero_std_frac") == 1.0 and metrics["reward/mean"] < best
+    flat = grouped and metrics.get("reward/zero_std_frac") == 1.0
+    return flat and (metrics["reward/mean"] < best or best <= 0)
 
 
 def _no_signal_text(cfg: Config, step: int, metrics: dict[str, float], best: float) -> str:
     entropy = f", actor/entropy {metrics['actor/entropy']:.2f}" if "actor/entropy" in metrics else ""
+    if best <= 0 and metrics["reward/mean"] >= best:
+        return (
+            f"steps {step - NO_SIGNAL_STEPS + 1}-{step}: every response scored {metrics['reward/mean']:.3f} and none "
+            f"has scored above 0 yet, so {cfg.algorithm.adv_estimator} has nothing to learn from: check what the "
+            "reward gets (RUN/samples.jsonl: the responses and their scores), lengthen rollout.max_new_tokens if "
+            "answers are cut, or make the task easier or the reward partial"
+        )
     return (
         f"steps {step - NO_SIGNAL_STEPS + 1}-{step}: each prompt's {cfg.rollout.n} responses got equal rewards "
         f"(reward/mean {metrics['reward/mean']:.3f}{entropy}), so {cfg.algorithm.adv_estimator} had nothing to "

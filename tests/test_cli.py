@@ -193,9 +193,10 @@ def _bad_inputs(tmp: Path) -> dict[str, tuple[list[str], str]]:
     }
 
 
-def test_a_run_that_fails_after_some_steps_keeps_its_metrics(tmp_path):
-    """No checkpoint yet (trainer.save_every=0: only at the end), a reward that raises in step 3: the two
-    finished steps' metrics stay, FAILED says what stopped the run, the exit code is not 0."""
+def test_a_reward_that_fails_after_some_steps_leaves_a_run_to_resume(tmp_path):
+    """No periodic checkpoint (trainer.save_every=0: only at the end), a reward that raises in step 3: the
+    two finished steps' metrics stay, step 2 is saved before the run stops, the exit code is not 0 and the
+    message says how to resume; with the reward fixed, --resume finishes the run from step 3."""
     (tmp_path / "late.py").write_text(
         "from pathlib import Path\n"
         "def f(*a, **k):\n"
@@ -206,14 +207,26 @@ def test_a_run_that_fails_after_some_steps_keeps_its_metrics(tmp_path):
         "        raise RuntimeError('reward service went away')\n"
         "    return 1.0\n"
     )
-    sets = ["reward.function=late.py:f", "trainer.total_steps=5", "rollout.n=4", "data.val_size=0"]
+    sets = [
+        "reward.function=late.py:f",
+        "trainer.total_steps=5",
+        "rollout.n=4",
+        "data.val_size=0",
+        "trainer.save_every=0",
+    ]
     out = cli("train", "--run-dir", "run", *FAST, *[a for s in sets for a in ("--set", s)], cwd=tmp_path)
     assert out.returncode != 0 and "reward service went away" in out.stderr, out.stderr[-2000:]
     run = tmp_path / "run"
     steps = [m["step"] for m in read_metrics(run) if "reward/mean" in m]
-    assert steps == [1, 2]
-    assert "stopped after step 2 with no checkpoint" in (run / "FAILED").read_text()
-    assert "no checkpoint to resume from was written before it stopped (trainer.save_every" in out.stderr
+    assert steps == [1, 2] and not (run / "FAILED").exists()
+    assert (run / "checkpoints" / "step_00000002" / "state.json").is_file()
+    assert f"resume with: lite-verl train --resume {run}" in out.stderr.replace(
+        str(tmp_path) + "/", str(tmp_path) + "/"
+    )
+    (tmp_path / "late.py").write_text("def f(*a, **k):\n    return 1.0\n")
+    resumed = cli("train", "--resume", "run", cwd=tmp_path)
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    assert [m["step"] for m in read_metrics(run) if "reward/mean" in m] == [1, 2, 3, 4, 5]
 
 
 @pytest.mark.parametrize("case", list(_bad_inputs(Path("/tmp")).keys()))

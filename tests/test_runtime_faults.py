@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 import warnings
 
@@ -11,6 +12,7 @@ import torch
 
 from lite_verl.config import load_config
 from lite_verl.data.loader import PromptSampler
+from lite_verl.errors import RewardError
 from lite_verl.loop import TrainingDiverged, prepare, run_training, train_step
 from lite_verl.run.cost import Ledger
 from lite_verl.run.rundir import RunDir, read_metrics
@@ -207,3 +209,41 @@ def test_steps_without_a_single_unequal_group_are_said_once(tmp_path):
         run_training(prepare(cfg), run)
     assert not [w for w in seen if "equal rewards" in str(w.message)]
     assert [m["reward/zero_std_frac"] for m in read_metrics(run.path) if "reward/mean" in m] == [1.0] * 5
+
+
+def test_a_reward_that_never_fires_is_said_once(tmp_path):
+    """A reward that gives 0 to every response from the start (a format it never matches): no group has an
+    advantage, and after 3 steps the run says that nothing has scored above 0, once."""
+    (tmp_path / "zero.py").write_text(
+        "def f(data_source, solution_str, ground_truth, extra_info):\n    return 0.0\n"
+    )
+    cfg = load_config(
+        "laptop", None, [*SMALL, "trainer.total_steps=4", f"reward.function={tmp_path / 'zero.py'}:f"]
+    )
+    run = RunDir(tmp_path / "run")
+    run.create(cfg)
+    with pytest.warns(
+        UserWarning, match=r"steps 1-3: every response scored 0.000 and none has scored above 0"
+    ) as seen:
+        run_training(prepare(cfg), run)
+    assert sum("none has scored" in str(w.message) for w in seen) == 1
+
+
+def test_a_reward_that_fails_mid_run_leaves_a_checkpoint_to_resume_from(tmp_path):
+    """A reward that raises at step 3 (with no periodic checkpoint due): the run saves step 2 before it
+    stops, so fixing the reward and `--resume` continues from there, with step 2's sampler state."""
+    (tmp_path / "late.py").write_text(
+        "calls = [0]\n\ndef f(data_source, solution_str, ground_truth, extra_info):\n"
+        "    calls[0] += 1\n    if calls[0] > 32:\n        raise ValueError('boom')\n    return len(solution_str) % 2\n"
+    )  # SMALL: 4 prompts x 4 responses a step, so the 33rd call is step 3's first
+    sets = [*SMALL, "trainer.total_steps=4", "trainer.save_every=0", "reward.isolate=false",
+            f"reward.function={tmp_path / 'late.py'}:f"]  # fmt: skip
+    cfg = load_config("laptop", None, sets)
+    run = RunDir(tmp_path / "run")
+    run.create(cfg)
+    with pytest.raises(RewardError, match="boom"):
+        run_training(prepare(cfg), run)
+    ckpt = run.latest_checkpoint()
+    assert ckpt is not None and ckpt.name.endswith("_00000002")
+    state = json.loads((ckpt / "state.json").read_text())
+    assert state["consumed"] == 8  # two steps of 4 prompts: step 3's batch is drawn again on resume
