@@ -79,7 +79,7 @@ def prepare(cfg: Config) -> Session:
 
     The three seams come from their factories: `make_scorer` (reward/), `build_trainer` (train/) and
     `build_engine` (rollout/); the trainer comes before the engine, which serves its weights."""
-    from lite_verl.model.load import check_prequantized, load_tokenizer, resolve_model_path
+    from lite_verl.model.load import check_prequantized, load_tokenizer, resolve_model_path, warn_demo_lr
 
     cfg = cfg.with_auto_resolved()
     torch.manual_seed(cfg.trainer.seed)
@@ -89,6 +89,7 @@ def prepare(cfg: Config) -> Session:
         cfg.rollout.engine == "vllm" and cfg.rollout.quantization == "awq" and not cfg.rollout.quantized_path
     )
     check_prequantized(path, cfg.model.path, cfg.train.backend, awq)
+    warn_demo_lr(cfg, path)
     tokenizer = load_tokenizer(path, cfg.model.trust_remote_code)
     train_set, val_set = load_prompt_sets(cfg.data, tokenizer, cfg.trainer.seed)
     group, backend = build_trainer(cfg, path)

@@ -317,6 +317,12 @@ def test_default_answer_key_finds_a_trl_datasets_answer_column(tmp_path, capsys)
         _rows(DataConfig(train_files=(str(bare),), val_split=""))
 
 
+def test_a_validation_file_cut_to_val_size_is_said(tmp_path, capsys):
+    path = _jsonl(tmp_path / "q.jsonl", ROWS)
+    _, val = _rows(replace(MAPPED, train_files=(str(path),), val_files=(str(path),), val_size=2))
+    assert len(val) == 2 and "validating on the first 2 of the 3 validation prompts" in capsys.readouterr().err
+
+
 def test_sources_that_are_neither_a_path_nor_a_hub_id(tmp_path):
     with pytest.raises(
         DataError, match="'nope.jsonl' does not exist; give a .jsonl/.json/.parquet/.csv file"

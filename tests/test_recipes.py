@@ -180,3 +180,20 @@ def test_recipes_command_and_a_short_recipe_run_on_the_laptop(tmp_path):
     assert 0.0 <= val["val/acc"] <= val["val/reward_mean"] + 1e-9  # rewards in {0, 0.1, 1}: acc <= mean
     assert all(0.0 <= r["reward/mean"] <= 1.0 for r in rows if "reward/mean" in r)
     assert Path(run / "summary.json").is_file()
+
+
+def test_a_real_model_at_the_demo_learning_rate_is_warned(tmp_path, capsys):
+    """train.lr's default is the tiny demo model's (3e-3): a real-sized model (hidden >= 512) without a
+    recipe or its own rate gets one line naming the fix; a recipe's rate, a set rate or the tiny model none."""
+    from lite_verl.model.load import warn_demo_lr
+
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "llama", "hidden_size": 576}))
+    warn_demo_lr(load_config("laptop", None, [f"model.path={tmp_path}"]), tmp_path)
+    assert "train.lr=0.003 is the tiny demo model's rate" in capsys.readouterr().err
+    for sets in (["train.lr=1e-5"], []):
+        recipe = None if sets else "arithmetic"
+        warn_demo_lr(load_config("laptop", None, [f"model.path={tmp_path}", *sets], recipe=recipe), tmp_path)
+        assert capsys.readouterr().err == ""
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "llama", "hidden_size": 64}))
+    warn_demo_lr(load_config("laptop", None, [f"model.path={tmp_path}"]), tmp_path)
+    assert capsys.readouterr().err == ""

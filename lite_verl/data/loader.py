@@ -132,6 +132,9 @@ def prompt_rows(cfg: DataConfig, seed: int) -> tuple[list[PromptRow], list[Promp
         val_rows = _held_out(cfg)
     else:
         val_rows = _framed_task(cfg, task_rows(cfg.task, cfg.val_size, seed, "val"))
+    if len(val_rows) > cfg.val_size > 0 and (cfg.val_files or cfg.train_files):
+        print(f"lite-verl: validating on the first {cfg.val_size} of the {len(val_rows)} validation prompts "
+              f"(data.val_size); --set data.val_size={len(val_rows)} for all", file=sys.stderr)  # fmt: skip
     return train_rows, val_rows[: cfg.val_size]
 
 

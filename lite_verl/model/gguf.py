@@ -35,7 +35,7 @@ def import_gguf(gguf_file: str | Path, out_dir: str | Path, dtype: str = "bfloat
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
     from lite_verl.device import torch_dtype
-    from lite_verl.model.load import plain_copy
+    from lite_verl.model.plain import plain_copy
     from lite_verl.run.files import atomic_directory
 
     src, out = Path(gguf_file), Path(out_dir)

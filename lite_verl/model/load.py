@@ -13,6 +13,7 @@ followers, the AWQ quantizer); resolving again (export, resume) finds the same c
 from __future__ import annotations
 
 import json
+import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -20,9 +21,10 @@ from typing import Any
 
 import torch
 
-from lite_verl.config import ModelConfig
+from lite_verl.config import Config, ModelConfig
 from lite_verl.errors import ModelError
 
+REAL_MODEL_HIDDEN = 512  # a hidden size this wide is a real model, not the tiny demo one (64-256)
 KINDS = "a local Hugging Face model directory, a Hub id (org/name), a .gguf file or tiny:qwen2"
 
 
@@ -116,21 +118,6 @@ def quant_method(path: Path) -> str | None:
     return str(quant.get("quant_method") or "unknown") if isinstance(quant, dict) else None
 
 
-def plain_copy(model: Any, config: Any = None) -> Any:
-    """The same weights in a model built from its config (or `config`) without quantization_config:
-    transformers refuses to save a model it loaded quantized (GGUF, bitsandbytes) even once dequantized."""
-    import copy
-
-    from transformers import AutoModelForCausalLM
-
-    config = copy.deepcopy(config or model.config)
-    if hasattr(config, "quantization_config"):
-        del config.quantization_config
-    clean = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
-    clean.load_state_dict(model.state_dict())
-    return clean
-
-
 def check_prequantized(path: Path, model_path: str, backend: str, awq_rollout: bool) -> None:
     """A pre-quantized checkpoint trains only as QLoRA (on its bitsandbytes 4-bit weights) and cannot be
     calibrated for AWQ: one line before anything loads, rather than a traceback at the first update."""
@@ -148,6 +135,22 @@ def check_prequantized(path: Path, model_path: str, backend: str, awq_rollout: b
     if awq_rollout:
         raise ModelError(f"{where}: AWQ cannot be calibrated from 4-bit weights; set rollout.quantization=none "
                          "(vLLM serves the bitsandbytes checkpoint) or give the unquantized model")  # fmt: skip
+
+
+def warn_demo_lr(cfg: Config, path: Path) -> None:
+    """train.lr's default (3e-3) is the tiny demo model's: a real model at that rate diverges within steps.
+    A recipe sets its own; without one, say so once (TRL and verl default to 1e-6, LoRA runs use 1e-5..1e-4)."""
+    from lite_verl.config.schema import TrainConfig
+
+    if cfg.recipe or cfg.train.lr != TrainConfig.lr:
+        return
+    try:
+        hidden = int(json.loads((path / "config.json").read_text()).get("hidden_size") or 0)
+    except (OSError, ValueError, TypeError):
+        return
+    if hidden >= REAL_MODEL_HIDDEN:
+        print(f"lite-verl: train.lr={cfg.train.lr:g} is the tiny demo model's rate, far too high for {cfg.model.path}; "
+              "use a recipe (lite-verl recipes) or --set train.lr=1e-5 (LoRA: up to 1e-4)", file=sys.stderr)  # fmt: skip
 
 
 def load_tokenizer(path: Path, trust_remote_code: bool = False):

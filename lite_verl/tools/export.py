@@ -120,7 +120,8 @@ def _merged_hf(run: Path, cfg, target: Path) -> Path:
     from peft import PeftModel
     from transformers import AutoModelForCausalLM
 
-    from lite_verl.model.load import load_tokenizer, plain_copy, quant_method, resolve_model_path
+    from lite_verl.model.load import load_tokenizer, quant_method, resolve_model_path
+    from lite_verl.model.plain import plain_copy
     from lite_verl.run.files import atomic_directory
     from lite_verl.run.rundir import RunDir
 
