@@ -37,6 +37,28 @@ def test_unknown_key_names_nearest():
         parse_override("lr=3")
 
 
+@pytest.mark.parametrize(
+    "key, says",
+    [
+        ("actor_rollout_ref.actor.optim.lr", "verl's 'optim.lr' is lite-verl's train.lr"),
+        ("actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu", "lite-verl's train.micro_batch_size"),
+        ("data.max_response_length", "lite-verl's rollout.max_new_tokens"),
+        ("actor_rollout_ref.rollout.n", "did you mean 'rollout.n'"),
+        ("num_generations", "TRL's 'num_generations' is lite-verl's rollout.n"),
+        ("beta", "lite-verl's algorithm.kl_loss_coef"),
+        (
+            "max_seq_length",
+            "Unsloth's 'max_seq_length' is lite-verl's data.max_prompt_length \\+ rollout.max_new_tokens",
+        ),
+    ],
+)
+def test_keys_from_verl_trl_and_unsloth_get_lite_verls_name(key, says):
+    """By spelling alone, verl's micro-batch key was sent to the mini-batch one (other maths) and
+    max_response_length to max_prompt_length: known keys of the tools users come from are named instead."""
+    with pytest.raises(ConfigError, match=f"unknown config key '{key}'; .*{says}"):
+        load_config("laptop", None, [f"{key}=1"])
+
+
 def test_set_adds_one_entry_of_a_mapping():
     cfg = load_config("4090x1", None, ["cost.price_per_hour.RTX 4090=0.5", "cost.price_per_hour.H200=3.5"])
     assert cfg.cost.price_per_hour == {"RTX 4090": 0.5, "H200": 3.5, "cpu": 0.0}  # the preset's others kept

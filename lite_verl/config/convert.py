@@ -93,7 +93,13 @@ def mapping_keys(cls: type = Config, prefix: str = "") -> list[str]:
 
 
 def unknown_key(key: str) -> ConfigError:
-    """The error for a key the schema does not have, naming the nearest valid one."""
+    """The error for a key the schema does not have: what lite-verl calls it when it is a verl, TRL or
+    Unsloth key (config/foreign.py), else the nearest valid one."""
+    from lite_verl.config.foreign import foreign_hint
+
+    foreign = foreign_hint(key, frozenset(all_keys()))
+    if foreign is not None:
+        return ConfigError(f"unknown config key '{key}'; {foreign}")
     near = difflib.get_close_matches(key, all_keys(), n=1, cutoff=0.5)
     if not near:  # try the last part alone: `lr` -> `train.lr`
         tail = key.rsplit(".", 1)[-1]
