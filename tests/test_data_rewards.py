@@ -172,6 +172,30 @@ def test_convert_real_gsm8k(tmp_path):
     )
 
 
+def test_convert_gsm8k_reads_the_hubs_parquet_and_names_a_bad_row(tmp_path):
+    """GSM8K on the Hub (and verl's copies) is parquet: read through `datasets` like jsonl; a row without
+    its final '#### n' is an error naming the file and row."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from lite_verl.data.gsm8k import convert_gsm8k
+
+    rows = [
+        {"question": "2 + 3?", "answer": "2 + 3 = 5\n#### 5"},
+        {"question": "1,000 + 1?", "answer": "#### 1,001"},
+    ]
+    pq.write_table(pa.Table.from_pylist(rows), tmp_path / "test-00000-of-00001.parquet")
+    assert convert_gsm8k(tmp_path / "test-00000-of-00001.parquet", tmp_path / "out.jsonl") == 2
+    got = load_rows([str(tmp_path / "out.jsonl")])
+    assert [r.ground_truth for r in got] == ["5", "1001"] and got[0].extra_info["split"] == "test"
+    pq.write_table(
+        pa.Table.from_pylist([*rows, {"question": "x", "answer": "no final"}]), tmp_path / "bad.parquet"
+    )
+    with pytest.raises(DataError, match=r"bad.parquet row 2: the answer has no '#### n'"):
+        convert_gsm8k(tmp_path / "bad.parquet", tmp_path / "out2.jsonl")
+    assert not (tmp_path / "out2.jsonl").exists()
+
+
 def test_validation_reports_accuracy_and_each_data_source(tmp_path):
     """Greedy validation as `lite-verl eval` reports it: mean reward, accuracy, and per data_source."""
     import json

@@ -8,10 +8,10 @@ answer after "####"; the ground truth is the number after "####" in the referenc
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from lite_verl.data.schema import PromptRow, write_jsonl
+from lite_verl.data.sources import load_split
 from lite_verl.data.tasks import GSM8K_SUFFIX
 from lite_verl.errors import DataError
 
@@ -19,23 +19,23 @@ GSM8K_SOURCE = "openai/gsm8k"
 
 
 def convert_gsm8k(src: str | Path, dst: str | Path, split: str = "") -> int:
-    """Returns the number of rows written. Raises DataError naming the bad line."""
+    """Returns the number of rows written. Reads any form `datasets` reads (jsonl, parquet as on the Hub,
+    a datasets directory); raises DataError naming the bad row."""
     src, dst = Path(src), Path(dst)
-    if not src.is_file():
-        raise DataError(f"{src} does not exist; give GSM8K's train.jsonl or test.jsonl")
-    split = split or src.stem
+    if not src.exists():
+        raise DataError(f"{src} does not exist; give GSM8K's train or test split (jsonl or parquet)")
+    split = split or src.stem.split("-")[0]
     rows: list[PromptRow] = []
-    with src.open() as f:
-        for i, line in enumerate(f, start=1):
-            if not line.strip():
-                continue
-            try:
-                raw = json.loads(line)
-                question, answer = raw["question"], raw["answer"]
-            except (json.JSONDecodeError, KeyError, TypeError):
-                raise DataError(f"{src}:{i}: expected a JSON object with 'question' and 'answer'") from None
+    parts = load_split(str(src), "train", "", "prepare-gsm8k", "its split")
+    assert parts is not None  # a required split raises instead
+    for part in parts:
+        for i, raw in enumerate(part.rows):
+            question, answer = raw.get("question"), raw.get("answer")
+            if not isinstance(question, str) or not isinstance(answer, str):
+                raise DataError(f"{part.where(i)}: expected the text columns 'question' and 'answer' "
+                                f"(its columns: {', '.join(part.columns)})")  # fmt: skip
             if "####" not in answer:
-                raise DataError(f"{src}:{i}: the answer has no '#### n' final answer")
+                raise DataError(f"{part.where(i)}: the answer has no '#### n' final answer")
             truth = answer.split("####")[-1].strip().replace(",", "")
             rows.append(
                 PromptRow(
