@@ -31,7 +31,7 @@ from lite_verl.rollout.base import RolloutEngine, SamplingSettings
 from lite_verl.rollout.factory import build_engine
 from lite_verl.run.console import Progress, summary_text
 from lite_verl.run.cost import Ledger, bill
-from lite_verl.run.rundir import MetricsLog, RunDir, read_metrics, set_rng_state
+from lite_verl.run.rundir import MetricsLog, RunDir, metrics_summary, set_rng_state
 from lite_verl.run.samples import SamplesLog
 from lite_verl.run.signals import Abandoned, Interrupted, StopRequest, TrainedThenInterrupted
 from lite_verl.run.timing import PhaseTimer
@@ -491,21 +491,9 @@ def _due(tr: TrainerConfig, step: int, saved_at: float) -> bool:
 
 
 def _finish(session: Session, run: RunDir, ledger: Ledger) -> dict[str, Any]:
-    rows = [m for m in read_metrics(run.path) if "reward/mean" in m]
-    vals = [m for m in read_metrics(run.path) if "val/reward_mean" in m]
-    k = max(1, math.ceil(len(rows) * 0.1))
     summary: dict[str, Any] = {
-        "run_dir": str(run.path),
-        "steps": len(rows),
+        **metrics_summary(run.path),
         "wall_s": ledger.wall(),
-        "reward_first_10pct": sum(m["reward/mean"] for m in rows[:k]) / k if rows else None,
-        "reward_last_10pct": sum(m["reward/mean"] for m in rows[-k:]) / k if rows else None,
-        "val_reward_start": vals[0]["val/reward_mean"] if vals else None,
-        "val_reward_end": vals[-1]["val/reward_mean"] if vals else None,
-        "val_acc_start": vals[0].get("val/acc") if vals else None,
-        "val_acc_end": vals[-1].get("val/acc") if vals else None,
-        "tokens_per_s": sum(m["perf/tokens_per_s"] for m in rows) / len(rows) if rows else None,
-        "train_peak_gib": max((m.get("perf/train_peak_gib", 0.0) for m in rows), default=0.0),
         "host_peak_gib": host_peak_gib(),  # this process (controller + rank-0 trainer): offloaded state lives here
         "checkpoint": str(run.latest_checkpoint() or ""),
         "bill": [vars(b) for b in bill(ledger, session.cfg)],

@@ -145,7 +145,7 @@ CASES: dict[str, tuple[list[str], str]] = {
     "weights truncated": (["--set", "model.path=truncated"], "cannot read its weights (SafetensorError"),
 }  # fmt: skip
 RESUME_CASES = {
-    "resume missing": (["--resume", "nowhere"], "no config.yaml there"),
+    "resume missing": (["--resume", "nowhere"], "nowhere does not exist: it is not a run directory"),
     "resume without checkpoint": (["--resume", "nockpt"], "holds no complete checkpoint"),
     "resume with a recipe": (["--resume", "nockpt", "--recipe", "gsm8k"], "drop --recipe (--set changes"),
 }

@@ -387,7 +387,12 @@ def test_report_prints_the_bill_and_writes_png_plots(tmp_path):
             assert (tmp_path / "run" / "report" / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert (tmp_path / "run" / "report.txt").is_file()
     bad = cli("report", "nowhere", cwd=tmp_path)
-    assert bad.returncode == 2 and "no summary.json" in bad.stderr
+    assert bad.returncode == 2 and "nowhere" in bad.stderr and "Traceback" not in bad.stderr
+    # an interrupted run (no summary.json): what its metrics say, marked not finished, plots too
+    (tmp_path / "run" / "summary.json").unlink()
+    partial = cli("report", "run", cwd=tmp_path)
+    assert partial.returncode == 0, partial.stderr[-2000:]
+    assert "run NOT finished (3 steps done" in partial.stdout and "step time by phase" in partial.stdout
 
 
 def test_what_if_prices_the_other_placement():

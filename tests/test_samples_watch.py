@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import json
 import shutil
+import time
 from pathlib import Path
 
 import pytest
@@ -139,6 +140,30 @@ def test_watch_follows_a_running_run_until_ctrl_c(tmp_path, monkeypatch):
     text = out.getvalue()
     assert text.count("step 4/10  running") == 2  # two frames, then Ctrl-C
     assert "ETA 12s" in text and "▁▃▆█" in text
+
+
+def test_watch_waits_for_a_run_directory_that_train_has_not_written_yet(tmp_path):
+    """`lite-verl train ... & lite-verl watch RUN`: the directory appears once the model and data are loaded;
+    watch waits for it (saying so) instead of refusing at once."""
+    import threading
+
+    from lite_verl.tools import watch as w
+
+    run = tmp_path / "run"
+
+    def train() -> None:
+        time.sleep(1.0)
+        run.mkdir()
+        (run / "config.yaml").write_text("trainer:\n  total_steps: 1\n")
+        (run / "metrics.jsonl").write_text(
+            json.dumps({"step": 1, "reward/mean": 0.5, "timing/step_s": 1.0}) + "\n"
+        )
+        (run / "summary.json").write_text("{}")
+
+    threading.Thread(target=train).start()
+    out = io.StringIO()
+    assert w.watch(run, interval=0.1, out=out) == 0
+    assert "waiting for" in out.getvalue() and "step 1/1  finished" in out.getvalue()
 
 
 def test_pick_is_deterministic_best_worst_and_spread():

@@ -51,7 +51,9 @@ def _fmt(v: Any, spec: str = ".3f") -> str:
 def summary_text(s: dict[str, Any], bill_rows: list[BillRow]) -> str:
     lines = [
         "",
-        "lite-verl run finished",
+        "lite-verl run finished"
+        if s.get("finished", True)
+        else f"lite-verl run NOT finished ({s['steps']} steps done; wall time = the steps' own)",
         f"  run directory     {s['run_dir']}",
         f"  steps             {s['steps']}   wall time {s['wall_s']:.0f} s",
         f"  train reward      {_fmt(s['reward_first_10pct'])} (first 10% of steps) -> "
@@ -60,8 +62,8 @@ def summary_text(s: dict[str, Any], bill_rows: list[BillRow]) -> str:
         f"  tokens/s          {_fmt(s['tokens_per_s'], '.0f')}",
         f"  checkpoint        {s['checkpoint'] or '-'}",
         "",
-        "The bill (held = reserved for the role, busy = computing; prices from cost.price_per_hour):",
-        format_bill(bill_rows),
-        "",
     ]
+    if bill_rows or s.get("finished", True):
+        lines += ["The bill (held = reserved for the role, busy = computing; prices from cost.price_per_hour):",
+                  format_bill(bill_rows), ""]  # fmt: skip
     return "\n".join(lines)

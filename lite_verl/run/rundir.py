@@ -300,13 +300,33 @@ def read_metrics(run: Path) -> list[dict[str, Any]]:
     return read_jsonl(Path(run) / "metrics.jsonl")
 
 
+def metrics_summary(run: Path) -> dict[str, Any]:
+    """What RUN/metrics.jsonl says of a run, finished or not: steps, train and validation reward at the start
+    and the end, tokens/s, the trainer's peak (summary.json adds the wall time, the bill, the checkpoint)."""
+    logged = read_metrics(run)
+    rows = [m for m in logged if "reward/mean" in m]
+    vals = [m for m in logged if "val/reward_mean" in m]
+    k = max(1, -(-len(rows) // 10))  # the first and last 10% of steps, at least one
+    return {
+        "run_dir": str(run),
+        "steps": len(rows),
+        "reward_first_10pct": sum(m["reward/mean"] for m in rows[:k]) / k if rows else None,
+        "reward_last_10pct": sum(m["reward/mean"] for m in rows[-k:]) / k if rows else None,
+        "val_reward_start": vals[0]["val/reward_mean"] if vals else None,
+        "val_reward_end": vals[-1]["val/reward_mean"] if vals else None,
+        "val_acc_start": vals[0].get("val/acc") if vals else None,
+        "val_acc_end": vals[-1].get("val/acc") if vals else None,
+        "tokens_per_s": sum(m["perf/tokens_per_s"] for m in rows) / len(rows) if rows else None,
+        "train_peak_gib": max((m.get("perf/train_peak_gib", 0.0) for m in rows), default=0.0),
+    }
+
+
 def run_config_file(run_dir: Path) -> Path:
     """RUN/config.yaml; a directory without one is not a run."""
     cfg_file = Path(run_dir) / "config.yaml"
     if not cfg_file.is_file():
-        raise UserError(
-            f"--resume {run_dir}: no config.yaml there; give a run directory made by lite-verl train"
-        )
+        what = "does not exist" if not Path(run_dir).exists() else "has no config.yaml"
+        raise UserError(f"{run_dir} {what}: it is not a run directory; give one made by lite-verl train")
     return cfg_file
 
 

@@ -24,13 +24,21 @@ PHASES = ("rollout", "reward", "sleep", "update", "sync")  # sleep: a colocated 
 def _load(run_dir: Path) -> tuple[Config, list[dict[str, Any]], dict[str, Any]]:
     from lite_verl.run.rundir import load_run_config, read_metrics
 
-    if not (run_dir / "summary.json").is_file():
-        raise UserError(
-            f"{run_dir} has no summary.json: the run has not finished (or is not a lite-verl run dir)"
-        )
-    cfg = load_run_config(run_dir, [])
+    cfg = load_run_config(run_dir, [])  # not a run directory: one line saying so
     rows = [m for m in read_metrics(run_dir) if "reward/mean" in m]
-    return cfg, rows, json.loads((run_dir / "summary.json").read_text())
+    if (run_dir / "summary.json").is_file():
+        return cfg, rows, json.loads((run_dir / "summary.json").read_text())
+    if not rows:
+        raise UserError(
+            f"{run_dir} has no finished step yet: nothing to report (lite-verl watch follows a run)"
+        )
+    # interrupted, failed or still running: what its metrics say (no bill: the ledger lives in the process)
+    from lite_verl.run.rundir import RunDir, metrics_summary
+
+    ckpt = RunDir(run_dir).latest_checkpoint(quiet=True)
+    summary = {**metrics_summary(run_dir), "wall_s": sum(m.get("timing/step_s", 0.0) for m in rows),
+               "checkpoint": str(ckpt or ""), "bill": [], "finished": False}  # fmt: skip
+    return cfg, rows, summary
 
 
 def what_if(cfg: Config, rows: list[dict[str, Any]]) -> str:

@@ -43,6 +43,9 @@ def _duration(s: float) -> str:
     return f"{h}h{m:02d}m" if h else f"{m}m{sec:02d}s" if m else f"{sec}s"
 
 
+START_WAIT_S = 300.0  # how long watch waits for a run directory that does not exist yet
+
+
 def _total_steps(run: Path) -> int | None:
     try:
         cfg = yaml.safe_load((run / "config.yaml").read_text()) or {}
@@ -56,6 +59,19 @@ def check_run_dir(run: Path) -> None:
         raise UserError(
             f"{run} is not a lite-verl run directory (no config.yaml); give one made by lite-verl train"
         )
+
+
+def _wait_for_run(run: Path, limit_s: float, out: Any) -> None:
+    """Until RUN/config.yaml exists or limit_s pass (then check_run_dir says what is missing)."""
+    deadline = time.monotonic() + limit_s
+    if not (run / "config.yaml").is_file():
+        print(
+            f"waiting for {run} (lite-verl train writes it once the model and data are loaded)",
+            file=out,
+            flush=True,
+        )
+    while not (run / "config.yaml").is_file() and time.monotonic() < deadline:
+        time.sleep(0.5)
 
 
 def frame(run: Path) -> str:
@@ -91,10 +107,12 @@ def frame(run: Path) -> str:
 def watch(run_dir: str | Path, once: bool = False, interval: float = 5.0, out: Any = None) -> int:
     """Print frames until the run's summary.json appears (or once); Ctrl-C ends it. -> exit code 0."""
     run = Path(run_dir)
-    check_run_dir(run)
     out = out or sys.stdout
     clear = "\033[H\033[J" if out.isatty() and not once else ""
     try:
+        if not once:  # started beside `lite-verl train`: its directory appears after the model and data load
+            _wait_for_run(run, START_WAIT_S, out)
+        check_run_dir(run)
         while True:
             done = (run / "summary.json").is_file()
             print(clear + frame(run), file=out, flush=True)
