@@ -204,9 +204,15 @@ def _add_run_commands(sub) -> None:
     )
     p.add_argument("run", help="run directory")
     p.add_argument("out", help="output directory")
-    p.add_argument("--format", default="hf", choices=["hf", "awq", "gguf"])
+    p.add_argument("--format", default="hf", choices=["hf", "adapter", "awq", "gguf"],
+                   help="hf: merged model (default); adapter: the LoRA adapter alone (peft); awq; gguf")  # fmt: skip
     p.add_argument("--quant", default="", help="gguf: f16 (default), bf16, f32, q8_0, or a k-quant such as "
                    "q4_k_m (needs llama-cpp-python)")  # fmt: skip
+    p.add_argument("--dtype", default="auto", choices=["auto", "bfloat16", "float16", "float32"],
+                   help="the merged weights' dtype; auto = the base model's own (default)")  # fmt: skip
+    p.add_argument("--step", type=int, default=0, help="export this step's checkpoint (default: the last)")
+    p.add_argument("--awq-group-size", type=int, default=0, choices=[0, 32, 64, 128],
+                   help="--format awq: the quantization group (default: the run's rollout.awq_group_size)")  # fmt: skip
     p.add_argument("--push-to-hub", metavar="ORG/NAME", default="", help="upload the export to this Hub repo")
     p.add_argument("--private", action="store_true", help="--push-to-hub: create the repo private")
     p.add_argument(
@@ -577,14 +583,15 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
 def cmd_export(args: argparse.Namespace) -> int:
     from lite_verl.ship import hub
-    from lite_verl.tools.export import export_run
+    from lite_verl.tools.export import ExportOptions, export_run
 
     repo = hub.check_repo_id(args.push_to_hub) if args.push_to_hub else ""
     if args.dry_run and not repo:
         raise UserError("--dry-run applies to --push-to-hub ORG/NAME")
     if repo and not args.dry_run:
         hub.check_token(repo)
-    out = export_run(args.run, args.out, args.format, args.quant)
+    opts = ExportOptions(args.format, args.quant, args.dtype, args.step, args.awq_group_size)
+    out = export_run(args.run, args.out, opts)
     print(f"wrote the trained policy ({args.format}) to {out}")
     if repo:
         print("\n".join(hub.upload_plan(out, repo, args.private)))

@@ -273,7 +273,7 @@ def test_imports_stay_light(tmp_path):
 def test_export_merges_the_trained_adapter(tmp_path):
     """export --format hf: the merged model's log-probs equal the trainer's (base + adapter) ones."""
     run = cli("train", "--run-dir", "run", *FAST, "--set", "trainer.total_steps=3", "--set", "train.lr=0.02",
-              cwd=tmp_path)  # fmt: skip
+              "--set", "trainer.save_every=1", cwd=tmp_path)  # fmt: skip
     assert run.returncode == 0, run.stderr[-2000:]
     out = cli("export", "run", "merged", cwd=tmp_path)
     assert out.returncode == 0, out.stderr[-2000:]
@@ -295,6 +295,26 @@ def test_export_merges_the_trained_adapter(tmp_path):
         base = AutoModelForCausalLM.from_pretrained(base_path)(ids).logits
     assert torch.allclose(got, want, atol=1e-4)
     assert not torch.allclose(base, want, atol=1e-3)  # training moved the policy: the merge matters
+    # the adapter alone (Unsloth's save_method="lora"), loadable by peft; an earlier step; another dtype
+    out = cli("export", "run", "adapter", "--format", "adapter", "--step", "2", cwd=tmp_path)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert (tmp_path / "adapter" / "adapter_config.json").is_file() and (
+        tmp_path / "adapter" / "tokenizer.json"
+    ).is_file()
+    step2 = tmp_path / "run" / "checkpoints" / "step_00000002" / "adapter"
+    with torch.no_grad():
+        mine = PeftModel.from_pretrained(
+            AutoModelForCausalLM.from_pretrained(base_path), tmp_path / "adapter"
+        )(ids).logits
+        theirs = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(base_path), step2)(ids).logits
+    assert torch.equal(mine, theirs)
+    out = cli("export", "run", "bf16", "--dtype", "bfloat16", cwd=tmp_path)
+    assert (
+        out.returncode == 0
+        and json.loads((tmp_path / "bf16" / "config.json").read_text())["dtype"] == "bfloat16"
+    )
+    out = cli("export", "run", "nope", "--step", "9", cwd=tmp_path)
+    assert out.returncode == 2 and "--step 9: " in out.stderr and "it has: " in out.stderr, out.stderr[-500:]
 
 
 @pytest.mark.skipif(

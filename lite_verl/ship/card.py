@@ -54,7 +54,8 @@ def _front_matter(cfg: Config, fmt: str) -> list[str]:
     from lite_verl.model.hub import parse_hub_id
 
     base = cfg.model.path
-    lines = ["---", "library_name: " + ("gguf" if fmt == "gguf" else "transformers"),
+    library = {"gguf": "gguf", "adapter": "peft"}.get(fmt, "transformers")
+    lines = ["---", "library_name: " + library,
              "tags: [lite-verl, reinforcement-learning, " + cfg.algorithm.adv_estimator + "]"]  # fmt: skip
     hub = parse_hub_id(base) if not Path(base).expanduser().exists() else None
     if hub:  # a Hub id, not a local directory that looks like one
