@@ -686,7 +686,11 @@ COMMANDS = {
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args, extra = parser.parse_known_args(argv)
+    if extra:  # Hydra's bare KEY=VALUE (verl, TRL's scripts) is lite-verl's --set KEY=VALUE
+        bare = [a for a in extra if "=" in a and not a.startswith("-")]
+        hint = f"; config changes take one --set each: --set {bare[0]}" if bare else ""
+        parser.error(f"unrecognized arguments: {' '.join(extra)}{hint}")
     if not args.command:
         parser.print_help()
         return 0

@@ -74,6 +74,7 @@ CASES: dict[str, tuple[list[str], str]] = {
     "unknown key": (["--set", "trainer.totl_steps=3"], "did you mean 'trainer.total_steps'"),
     "unknown key in file": (["--config", "unknown_section.yaml"], "unknown config key 'trainr'"),
     "set without =": (["--set", "trainer.total_steps"], "is not key=value"),
+    "hydra-style override": (["trainer.total_steps=3"], "config changes take one --set each: --set trainer.total_steps=3"),
     "wrong type int": (["--set", "trainer.total_steps=many"], "trainer.total_steps must be an int"),
     "wrong type bool": (["--set", "data.shuffle=3"], "data.shuffle must be a bool"),
     "wrong type list": (["--set", "train.target_modules={a: 1}"], "train.target_modules must be a list of str"),
