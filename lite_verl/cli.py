@@ -690,7 +690,8 @@ def main(argv: list[str] | None = None) -> int:
     if extra:  # Hydra's bare KEY=VALUE (verl, TRL's scripts) is lite-verl's --set KEY=VALUE
         bare = [a for a in extra if "=" in a and not a.startswith("-")]
         hint = f"; config changes take one --set each: --set {bare[0]}" if bare else ""
-        parser.error(f"unrecognized arguments: {' '.join(extra)}{hint}")
+        print(f"lite-verl: error: unrecognized arguments: {' '.join(extra)}{hint}", file=sys.stderr)
+        return 2
     if not args.command:
         parser.print_help()
         return 0
