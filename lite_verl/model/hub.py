@@ -153,6 +153,6 @@ def _download(repo: str, revision: str, shown: str) -> Path:
     except Exception as e:  # the network boundary: no connection, a proxy, the Hub down, a full disk
         why = first_line(e)
         raise ModelError(
-            f"{shown} is not in the Hugging Face cache and downloading it failed ({type(e).__name__}: {why}); "
-            f"check the network, or fetch it with `{fetch_command(repo, revision)}`"
+            f"{shown} is no local path, not in the Hugging Face cache, and downloading it failed ({type(e).__name__}: "
+            f"{why}); check the path or the network, or fetch it with `{fetch_command(repo, revision)}`"
         ) from None
