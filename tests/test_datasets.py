@@ -305,7 +305,10 @@ def test_default_answer_key_finds_a_trl_datasets_answer_column(tmp_path, capsys)
     """A TRL dataset (prompt + solution) with data.answer_key left at verl's default: the solution is the
     ground truth, said once; an explicit key still wins, and a source with none of the usual columns is
     an error naming its columns."""
-    rows = [{"prompt": "What is 2 + 3?", "solution": "5", "level": 1}, {"prompt": "1 + 1?", "solution": "2", "level": 2}]
+    rows = [
+        {"prompt": "What is 2 + 3?", "solution": "5", "level": 1},
+        {"prompt": "1 + 1?", "solution": "2", "level": 2},
+    ]
     path = _jsonl(tmp_path / "trl.jsonl", rows)
     train, _ = _rows(DataConfig(train_files=(str(path),), val_split=""))
     assert [r.ground_truth for r in train] == ["5", "2"] and train[0].columns["solution"] == "5"
@@ -320,7 +323,9 @@ def test_default_answer_key_finds_a_trl_datasets_answer_column(tmp_path, capsys)
 def test_a_validation_file_cut_to_val_size_is_said(tmp_path, capsys):
     path = _jsonl(tmp_path / "q.jsonl", ROWS)
     _, val = _rows(replace(MAPPED, train_files=(str(path),), val_files=(str(path),), val_size=2))
-    assert len(val) == 2 and "validating on the first 2 of the 3 validation prompts" in capsys.readouterr().err
+    assert (
+        len(val) == 2 and "validating on the first 2 of the 3 validation prompts" in capsys.readouterr().err
+    )
 
 
 def test_sources_that_are_neither_a_path_nor_a_hub_id(tmp_path):

@@ -470,3 +470,16 @@ def test_a_trainer_parked_between_updates_computes_the_same_steps():
         for key in ("reward/mean", "actor/loss", "actor/grad_norm", "response_length/mean"):
             assert a[key] == b[key], key
     assert parked[2]["actor/grad_norm"] > 0
+
+
+def test_all_linear_adapts_every_decoder_linear_and_not_the_head():
+    """train.target_modules=[all-linear] (TRL's and verl's peft shorthand) reaches peft as such."""
+    from lite_verl.errors import ConfigError
+
+    session = prepare(load_config("laptop", None, SMALL + ["train.target_modules=all-linear"]))
+    names = [n for n, _ in session.backend.model.named_parameters() if "lora_A" in n]
+    adapted = {n.split(".lora_A")[0].rsplit(".", 1)[-1] for n in names}
+    assert {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"} <= adapted
+    assert "lm_head" not in adapted
+    with pytest.raises(ConfigError, match="all-linear already means every linear layer"):
+        load_config("laptop", None, ["train.target_modules=[all-linear,q_proj]"])

@@ -15,6 +15,7 @@ Modules of this package import each other directly (lite_verl.config.schema, ...
 from lite_verl.config.convert import all_keys, describe, from_dict, to_dict
 from lite_verl.config.layers import load_config, merge, parse_override, read_yaml
 from lite_verl.config.schema import (
+    ALL_LINEAR,
     FULL_BACKENDS,
     AlgorithmConfig,
     Config,
@@ -31,6 +32,7 @@ from lite_verl.config.schema import (
 from lite_verl.config.validation import validate_config
 
 __all__ = [
+    "ALL_LINEAR",
     "ModelConfig",
     "DataConfig",
     "RolloutConfig",

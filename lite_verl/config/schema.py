@@ -42,6 +42,8 @@ KvCache = float | Literal["auto"]  # rollout.kv_cache_gib; auto: sized to one ro
 BACKENDS: tuple[Backend, ...] = get_args(Backend)
 # full fine-tuning (train/full.py): every weight trains; TrainConfig.full_finetune says whether a config does
 FULL_BACKENDS: tuple[Backend, ...] = ("fsdp", "deepspeed")
+# train.target_modules=[all-linear]: peft's name for every linear layer but the output head (TRL's, verl's)
+ALL_LINEAR = "all-linear"
 
 T = TypeVar("T")
 
@@ -236,7 +238,7 @@ class TrainConfig:
     lora_dropout: float = key(0.0, "LoRA dropout")
     target_modules: tuple[str, ...] = key(
         ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"),
-        "names of the linear layers LoRA adapts (in every decoder layer)",
+        "names of the linear layers LoRA adapts (in every decoder layer), or all-linear (every linear but the head)",
     )
     gradient_checkpointing: Checkpointing = key(
         False,

@@ -15,7 +15,14 @@ from pathlib import Path
 from typing import get_args
 
 from lite_verl.config.convert import choices, key_types, not_one_of
-from lite_verl.config.schema import AdvEstimator, Config, RewardConfig, RolloutConfig, TrainConfig
+from lite_verl.config.schema import (
+    ALL_LINEAR,
+    AdvEstimator,
+    Config,
+    RewardConfig,
+    RolloutConfig,
+    TrainConfig,
+)
 from lite_verl.errors import ConfigError, MissingDependency, RewardError
 from lite_verl.reward import builtins as reward_builtins
 
@@ -198,6 +205,11 @@ def _check_train(t: TrainConfig) -> None:
     if not t.target_modules:
         raise ConfigError(
             "train.target_modules is empty; name the linear layers LoRA adapts, e.g. [q_proj, v_proj]"
+        )
+    if ALL_LINEAR in t.target_modules and len(t.target_modules) > 1:
+        raise ConfigError(
+            f"train.target_modules={list(t.target_modules)}: {ALL_LINEAR} already means every linear layer; "
+            f"give it alone or name the layers"
         )
 
 

@@ -325,7 +325,7 @@ def _load_hub(
                 f'datasets.load_dataset({args})") or give a local path'
             ) from None
         raise DataError(f"{what}: cannot reach the Hub for dataset {repo!r}; check the network, or give a local "
-                        f"copy ({what}=[DIR/train.jsonl], parquet or a datasets directory)")  # fmt: skip
+                        f"copy ({what}=[DIR/train.jsonl], parquet or a datasets directory)") from None  # fmt: skip
     except datasets.exceptions.DatasetNotFoundError:
         raise DataError(
             f"{what}: no local path or Hub dataset {repo!r} (a private or gated one needs HF_TOKEN); "

@@ -22,7 +22,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from lite_verl.config import Config
+from lite_verl.config import ALL_LINEAR, Config
 from lite_verl.errors import UserError
 from lite_verl.run.trackers import logger_names
 
@@ -324,7 +324,11 @@ def _backend(cfg: Config, model: str, fsdp_configs: Sequence[str]) -> list[Item]
     items = [
         Override(model + "lora_rank", t.lora_rank),
         Override(model + "lora_alpha", t.lora_alpha),
-        Override(model + "target_modules", tuple(t.target_modules)),
+        # verl takes peft's all-linear as a string
+        Override(
+            model + "target_modules",
+            ALL_LINEAR if ALL_LINEAR in t.target_modules else tuple(t.target_modules),
+        ),
     ]
     if model == MODEL:
         items.append(Override(model + "lora.merge", cfg.sync.mode == "merged"))

@@ -24,7 +24,7 @@ from typing import Any
 import torch
 
 from lite_verl.batch import position_ids
-from lite_verl.config import Config, CriticConfig, TrainConfig
+from lite_verl.config import ALL_LINEAR, Config, CriticConfig, TrainConfig
 from lite_verl.errors import ConfigError
 from lite_verl.tensorfile import FlatFileWriter
 from lite_verl.train.base import (
@@ -81,7 +81,8 @@ class LoraBackend:
 
         self.device = device
         names = {n.rsplit(".", 1)[-1] for n, _ in base.named_modules()}
-        missing = [m for m in cfg.target_modules if m not in names]
+        every = cfg.target_modules == (ALL_LINEAR,)
+        missing = [] if every else [m for m in cfg.target_modules if m not in names]
         if missing:
             raise ConfigError(
                 f"train.target_modules {missing} are not module names of this model; "
@@ -91,7 +92,8 @@ class LoraBackend:
             r=cfg.lora_rank,
             lora_alpha=cfg.lora_alpha,
             lora_dropout=cfg.lora_dropout,
-            target_modules=list(cfg.target_modules),
+            # peft's own 'all-linear': every linear layer but the output head
+            target_modules=ALL_LINEAR if every else list(cfg.target_modules),
             task_type="CAUSAL_LM",
         )
         with torch.random.fork_rng(devices=[]):
