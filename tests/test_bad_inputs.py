@@ -135,7 +135,7 @@ CASES: dict[str, tuple[list[str], str]] = {
     "reward raises": (["--set", "reward.function=rw.py:raises"], "raised RuntimeError: bad reward (rw.py:3 in raises) on sample 0"),
     "reward NaN": (["--set", "reward.function=rw.py:nan"], "returned nan on sample 0"),
     "reward None": (["--set", "reward.function=rw.py:none"], "returned None on sample 0"),
-    "reward not a number": (["--set", "reward.function=rw.py:text"], "returned \"'high'\" on sample 0"),
+    "reward not a number": (["--set", "reward.function=rw.py:text"], "returned 'high' on sample 0 (data_source 'lite_verl/echo'); it must return a finite float; convert it"),
     "reward hangs": (["--set", "reward.function=rw.py:hangs", "--set", "reward.timeout_s=1"],
                      "did not return within reward.timeout_s=1.0s"),
     "reward crashes": (["--set", "reward.function=rw.py:crashes"], "on sample 0"),

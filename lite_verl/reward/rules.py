@@ -152,7 +152,10 @@ def check_value(value: Any, i: int, data_source: str, name: str) -> float:
     """A reward must be a finite number (numpy's too; a bool is 0 or 1, as TRL and verl read it); anything
     else is a RewardError naming the sample."""
     if not isinstance(value, numbers.Real) or not math.isfinite(value):
+        # reward/functions.plain sent anything not a number as its repr already
+        shown = value if isinstance(value, str) else repr(value)
+        hint = "; convert it with float(...)" if shown[:1] in "'\"" and shown[1:-1].strip() else ""
         raise RewardError(
-            f"{name} returned {value!r} on sample {i} (data_source {data_source!r}); it must return a finite float"
+            f"{name} returned {shown} on sample {i} (data_source {data_source!r}); it must return a finite float{hint}"
         )
     return float(value)
