@@ -77,6 +77,7 @@ CASES: dict[str, tuple[list[str], str]] = {
     "hydra-style override": (["trainer.total_steps=3"], "config changes take one --set each: --set trainer.total_steps=3"),
     "wrong type int": (["--set", "trainer.total_steps=many"], "trainer.total_steps must be an int"),
     "wrong type bool": (["--set", "data.shuffle=3"], "data.shuffle must be a bool"),
+    "lora rank zero (verl's full fine-tuning)": (["--set", "train.lora_rank=0"], "for full fine-tuning (verl's lora_rank 0) set train.backend=fsdp"),
     "wrong type list": (["--set", "train.target_modules={a: 1}"], "train.target_modules must be a list of str"),
     "negative size": (["--set", "trainer.batch_size=-4"], "trainer.batch_size=-4 must be > 0"),
     "zero steps": (["--set", "trainer.total_steps=0"], "trainer.total_steps=0 must be > 0"),

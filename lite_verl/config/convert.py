@@ -159,7 +159,7 @@ def _coerce_choice(key: str, value: Any, allowed: tuple[Any, ...]) -> Any:
 def _coerce(key: str, value: Any, tp: Any) -> Any:
     """Check `value` against the field type `tp`; return it in the dataclass's representation."""
     bad = ConfigError(
-        f"{key} must be {_article(_type_name(tp))}, got {value!r} ({type(value).__name__}); fix it in the config"
+        f"{key} must be {_article(_type_name(tp))}, got {value!r} ({type(value).__name__}); fix its value (--set or the config file)"
     )
     origin = typing.get_origin(tp)
     if _optional(tp) is not None:

@@ -198,8 +198,12 @@ def _check_train(t: TrainConfig) -> None:
     _positive("train.max_memory_gib", t.max_memory_gib, allow_zero=True)
     if t.max_memory_gib and not t.gpus:
         raise ConfigError("train.max_memory_gib caps GPU memory but train.gpus is empty (CPU); set it to 0")
-    _positive("train.lora_rank", t.lora_rank)
-    _positive("train.lora_alpha", t.lora_alpha)
+    if t.lora_rank == 0 and not t.full_finetune:  # verl's lora_rank 0 means full fine-tuning
+        raise ConfigError("train.lora_rank=0: LoRA needs a rank > 0; for full fine-tuning (verl's lora_rank 0) set "
+                          "train.backend=fsdp or deepspeed")  # fmt: skip
+    if not t.full_finetune:  # full fine-tuning has no adapter: verl's configs carry lora_rank 0 there
+        _positive("train.lora_rank", t.lora_rank)
+        _positive("train.lora_alpha", t.lora_alpha)
     if not 0 <= t.lora_dropout < 1:
         raise ConfigError(f"train.lora_dropout={t.lora_dropout} must be in [0, 1)")
     if not t.target_modules:
