@@ -140,3 +140,14 @@ def test_with_several_weighted_rewards_correctness_is_the_first_functions_own_sc
     assert judged(session, total).tolist() == [1.0, float("-inf")]  # the first function by default
     session.cfg = load_config("laptop", None, [])
     assert judged(session, total) is total and judged(session, total, "") is total
+
+
+def test_eval_reads_the_validation_files_alone(tmp_path):
+    """eval never trains: a config whose training files are gone (or on the Hub) still evaluates its val set."""
+    from lite_verl.tools.evaluate import eval_config
+
+    val = tmp_path / "test.jsonl"
+    val.write_text(json.dumps({"prompt": "2+2?", "answer": "4"}) + "\n")
+    sets = ["data.train_files=[/nowhere/train.jsonl]", f"data.val_files=[{val}]", "data.val_split=train"]
+    cfg, ckpt = eval_config("tiny:qwen2", "laptop", None, sets)
+    assert ckpt is None and cfg.data.train_files == (str(val),) and cfg.data.split == "train"

@@ -149,9 +149,13 @@ def eval_config(
     else:
         cfg = load_config(preset, config_file, [f"model.path={target}", *sets], recipe=recipe)
         found = None
-    if cfg.data.val_files and not limit:
-        cfg = replace(cfg, data=replace(cfg.data, val_size=ALL_PROMPTS))
-    return cfg, found
+    d = cfg.data
+    if d.val_files:  # eval scores the validation set alone: the training files are not read (nor downloaded);
+        # the session's train set then holds the same prompts (an AWQ rollout calibrates on them)
+        d = replace(
+            d, train_files=d.val_files, split=d.val_split, val_size=d.val_size if limit else ALL_PROMPTS
+        )
+    return replace(cfg, data=d), found
 
 
 # what a --recipe brings to the evaluation of a run: its task; the run keeps its model and trainer
