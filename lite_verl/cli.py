@@ -239,7 +239,9 @@ def _add_run_commands(sub) -> None:
     p.add_argument("--correct-fn", default="", metavar="NAME", help="with several reward.functions: the one whose "
                    "own score is judged (default: the first)")  # fmt: skip
     p.add_argument("--limit", type=int, default=0, help="evaluate the first N prompts (default: all)")
-    p.add_argument("--out", help="write the result as JSON here")
+    p.add_argument("--out", help="write the result as JSON here (scores, and every greedy completion)")
+    p.add_argument("--show", type=int, default=2, metavar="N",
+                   help="print N greedy completions judged right and N judged wrong (default 2; 0: none)")  # fmt: skip
 
 
 def _add_source_args(p: argparse.ArgumentParser) -> None:
@@ -577,7 +579,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
         raise UserError(f"--k {args.k}: give at least 1 sample per prompt")
     sets = [*args.sets, *([f"data.val_size={args.limit}"] if args.limit else [])]
     run_eval(args.target, args.preset, args.config, sets, args.k, args.correct, Path(args.out) if args.out else None,
-             limit=args.limit, recipe=args.recipe, correct_fn=args.correct_fn)  # fmt: skip
+             limit=args.limit, recipe=args.recipe, correct_fn=args.correct_fn, show=args.show)  # fmt: skip
     return 0
 
 

@@ -131,11 +131,12 @@ def score(
 
 def score_prompts(
     session: Session, prompts: PromptSet, sampling: SamplingSettings, seed: int
-) -> torch.Tensor:
-    """Generate sampling.n responses to every prompt of `prompts` and score them: [len(prompts) * n]."""
+) -> tuple[torch.Tensor, list[str]]:
+    """Generate sampling.n responses to every prompt of `prompts` and score them: ([len(prompts) * n], the
+    responses' texts in the same order)."""
     rollout = session.engine.generate(prompts.token_ids, sampling, seed)
     texts = rollout.response_texts(session.tokenizer)
-    return score(session, list(range(len(prompts))), prompts, texts, sampling.n)
+    return score(session, list(range(len(prompts))), prompts, texts, sampling.n), texts
 
 
 CORRECT = 1.0  # a reward at least this counts as a right answer (what the rule rewards give one)
@@ -149,7 +150,7 @@ def validate(session: Session, step: int) -> dict[str, float]:
     if not len(val):
         return {}
     sampling = SamplingSettings.of(session.cfg.rollout, greedy=True)
-    scores = score_prompts(session, val, sampling, step_seed(session.cfg.trainer.seed, -1))
+    scores, _ = score_prompts(session, val, sampling, step_seed(session.cfg.trainer.seed, -1))
     right = judged(session, scores) >= CORRECT
     out = {"val/reward_mean": float(scores.mean()), "val/acc": float(right.float().mean())}
     sources = sorted({row.data_source for row in val.rows})

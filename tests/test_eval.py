@@ -64,6 +64,12 @@ def test_eval_command_scores_a_runs_last_checkpoint(tmp_path):
         assert 0.0 <= scores["all"][key] <= 1.0
     assert scores["all"]["pass@3"] >= scores["all"]["mean@3"] - 1e-9 or scores["all"]["mean@3"] < 1.0
     assert "data_source" in done.stdout and "pass@3" in done.stdout
+    # every greedy completion kept, with the prompt as the model saw it; a few printed, per verdict
+    shown = result["completions"]
+    assert len(shown) == 6 and all(c["prompt"] and c["data_source"] == "lite_verl/echo" for c in shown)
+    right = sum(c["correct"] for c in shown)
+    assert right == round(scores["all"]["greedy_acc"] * 6)
+    assert done.stdout.count("    completion: ") == min(right, 2) + min(6 - right, 2)
     kept = json.loads((run / "eval" / "step_00000002.json").read_text())  # with the run, for report
     assert kept["scores"] == scores
     from lite_verl.tools.report import report

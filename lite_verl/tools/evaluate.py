@@ -79,9 +79,13 @@ def _mean(xs: list[float]) -> float:
     return sum(xs) / len(xs) if xs else float("nan")
 
 
-def evaluate(session: Session, k: int, correct: float, judge: str = "") -> dict[str, dict[str, float]]:
-    """Scores of the session's validation prompts, per data source and over all ('all'). Correctness is the
-    reward reaching `correct`; with several reward.functions, the own score of `judge` (judged_by)."""
+def evaluate(
+    session: Session, k: int, correct: float, judge: str = ""
+) -> tuple[dict[str, dict[str, float]], list[dict[str, Any]]]:
+    """(scores of the session's validation prompts, per data source and over all ('all'); each prompt's greedy
+    completion: the prompt as the model saw it, the text, its reward and whether it is judged right).
+    Correctness is the reward reaching `correct`; with several reward.functions, the own score of `judge`
+    (judged_by)."""
     from lite_verl.loop import judged, score_prompts, step_seed
     from lite_verl.rollout.base import SamplingSettings
 
@@ -94,9 +98,9 @@ def evaluate(session: Session, k: int, correct: float, judge: str = "") -> dict[
     r = cfg.rollout
     greedy, sampled = SamplingSettings.of(r, greedy=True), SamplingSettings.of(r, n=k)
     seed = step_seed(cfg.trainer.seed, -2)
-    g = score_prompts(session, val, greedy, seed)
+    g, texts = score_prompts(session, val, greedy, seed)
     g_judged = judged(session, g, judge)
-    s = score_prompts(session, val, sampled, seed)
+    s, _ = score_prompts(session, val, sampled, seed)
     s_judged = judged(session, s, judge)
     by_source: dict[str, SourceScores] = defaultdict(SourceScores)
     for i, row in enumerate(val.rows):
@@ -106,7 +110,12 @@ def evaluate(session: Session, k: int, correct: float, judge: str = "") -> dict[
             part.sampled.append([float(x) for x in s[i * k : (i + 1) * k]])
             part.greedy_judged.append(float(g_judged[i]))
             part.sampled_judged.append([float(x) for x in s_judged[i * k : (i + 1) * k]])
-    return {name: part.summary(k, correct) for name, part in sorted(by_source.items())}
+    completions = [
+        {"data_source": row.data_source, "prompt": session.tokenizer.decode(val.token_ids[i]),
+         "completion": texts[i], "reward": float(g[i]), "correct": bool(g_judged[i] >= correct)}
+        for i, row in enumerate(val.rows)
+    ]  # fmt: skip
+    return {name: part.summary(k, correct) for name, part in sorted(by_source.items())}, completions
 
 
 def judged_by(cfg: Config, correct_fn: str) -> str:
@@ -203,8 +212,9 @@ def _without(layer: dict[str, Any], keys: frozenset[str], prefix: str = "") -> d
 
 def run_eval(target: str, preset: str | None, config_file: str | None, sets: list[str], k: int,
              correct: float, out: Path | None, limit: int = 0, recipe: str | None = None,
-             correct_fn: str = "") -> dict[str, Any]:  # fmt: skip
-    """Load, evaluate, print the table, write the JSON. -> the result."""
+             correct_fn: str = "", show: int = 2) -> dict[str, Any]:  # fmt: skip
+    """Load, evaluate, print the table and `show` greedy completions of each verdict, write the JSON (with
+    every greedy completion). -> the result."""
     from lite_verl.loop import prepare
 
     cfg, ckpt = eval_config(target, preset, config_file, sets, limit, recipe)
@@ -215,14 +225,15 @@ def run_eval(target: str, preset: str | None, config_file: str | None, sets: lis
         if ckpt is not None:
             session.backend.load(ckpt)  # the trained adapter (or weights); the engine then serves them
             session.engine.sync_weights(int(json.loads((ckpt / "state.json").read_text())["step"]))
-        scores = evaluate(session, k, correct, judge)
+        scores, completions = evaluate(session, k, correct, judge)
     finally:
         session.close()
     result = {"target": target, "checkpoint": str(ckpt or ""), "k": k, "correct": correct,
-              "judged_by": judge or "reward", "scores": scores}  # fmt: skip
+              "judged_by": judge or "reward", "scores": scores, "completions": completions}  # fmt: skip
     if judge:
         print(f"correct: {judge}'s own score >= {correct} (--correct-fn picks another of reward.functions)")
     print(format_table(scores, k))
+    print("\n".join(shown_completions(completions, show)))
     from lite_verl.run.files import atomic_write_text
 
     if out is not None:
@@ -234,6 +245,25 @@ def run_eval(target: str, preset: str | None, config_file: str | None, sets: lis
         name = f"{ckpt.name}-{task}{part}" if task else f"{ckpt.name}{part}"
         atomic_write_text(Path(target) / EVAL_DIR / f"{name}.json", json.dumps(result, indent=2))
     return result
+
+
+def shown_completions(completions: list[dict[str, Any]], show: int, width: int = 400) -> list[str]:
+    """Up to `show` greedy completions judged right and `show` judged wrong, each with the end of the prompt
+    the model saw: what a score of 0 looks like, without a training run."""
+    lines: list[str] = []
+    for verdict in (True, False):
+        mine = [c for c in completions if c["correct"] is verdict][:show]
+        for c in mine:
+            lines += [
+                f"--- {'right' if verdict else 'wrong'} (reward {c['reward']:.3g}, {c['data_source']}); prompt ends: "
+                f"{_one_line(c['prompt'][-width // 2 :])}",
+                f"    completion: {_one_line(c['completion'][:width])}",
+            ]
+    return lines
+
+
+def _one_line(text: str) -> str:
+    return text.replace("\n", "\\n")
 
 
 def eval_lines(run_dir: Path) -> list[str]:
