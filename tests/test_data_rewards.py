@@ -152,8 +152,22 @@ def test_user_reward_function(tmp_path):
 
 
 def test_unknown_data_source_needs_a_function():
-    with pytest.raises(RewardError, match="no rule reward for data_source 'mine'"):
+    with pytest.raises(
+        RewardError, match=r"no rule reward for data_source 'mine'.*reward.functions=\[boxed\]"
+    ):
         default_compute_score("mine", "x", "y")
+
+
+@pytest.mark.parametrize(
+    "source", ["lighteval/MATH", "DigitalLearningGmbH/MATH-lighteval", "HuggingFaceH4/MATH-500"]
+)
+def test_verls_math_sources_are_scored_by_their_boxed_answer(source):
+    """verl's default_compute_score scores its MATH data sources: a parquet made by verl's math preprocessing
+    trains with no reward function given."""
+    solution = "So the sum is $\\boxed{\\frac{1}{2}}$."
+    assert default_compute_score(source, "... hence \\boxed{\\frac{1}{2}}.", solution) == 1.0
+    assert default_compute_score(source, "... hence \\boxed{3}.", solution) == 0.0
+    assert default_compute_score(source, "no box at all: 1/2", solution) == 0.0
 
 
 @pytest.mark.skipif(

@@ -208,6 +208,16 @@ def _boxed(args: Mapping[str, str]) -> BatchFn:
     return boxed
 
 
+def boxed_score(text: str, ground_truth: Any) -> float:
+    """One sample by the `boxed` built-in's auto checker (math-verify when installed, else the string rule);
+    a ground truth math-verify cannot parse is judged by the string rule."""
+    if math_verify_available():
+        got = boxed_math_verify_score(text, ground_truth)
+        if got is not None:
+            return got
+    return boxed_string_score(text, ground_truth)
+
+
 def _format(args: Mapping[str, str]) -> BatchFn:
     if "pattern" in args:
         try:

@@ -30,7 +30,7 @@ from lite_verl.data.tasks import (
     SEQUENCE_SOURCE,
 )
 from lite_verl.errors import RewardError
-from lite_verl.reward.builtins import gsm8k_extract, gsm8k_score
+from lite_verl.reward.builtins import boxed_score, gsm8k_extract, gsm8k_score
 
 __all__ = ["gsm8k_extract", "gsm8k_score", "default_compute_score", "load_reward_function", "check_value"]
 
@@ -81,6 +81,8 @@ def countdown_score(solution_str: str, target: Any, numbers: list[int]) -> float
 
 # data sources whose answers end in `#### n`, scored by GSM8K's rule
 HASH_ANSWER_SOURCES = ("openai/gsm8k", ARITH_SOURCE, SEQUENCE_SOURCE, LARGEST_SOURCE)
+# verl's MATH data sources (its default_compute_score: the last \boxed{} against the solution's) and the math recipe's
+BOXED_SOURCES = ("lighteval/MATH", "DigitalLearningGmbH/MATH-lighteval", "HuggingFaceH4/MATH-500", "math")
 
 
 def default_compute_score(
@@ -88,13 +90,16 @@ def default_compute_score(
 ) -> float:
     if data_source in HASH_ANSWER_SOURCES:
         return gsm8k_score(solution_str, ground_truth)
+    if data_source in BOXED_SOURCES:
+        return boxed_score(solution_str, ground_truth)
     if data_source == ECHO_SOURCE:
         return echo_score(solution_str, ground_truth)
     if data_source == COUNTDOWN_SOURCE and extra_info is not None and "numbers" in extra_info:
         return countdown_score(solution_str, ground_truth, extra_info["numbers"])
     raise RewardError(
-        f"no rule reward for data_source {data_source!r} (known: {', '.join(HASH_ANSWER_SOURCES)}, {ECHO_SOURCE}, "
-        f"{COUNTDOWN_SOURCE} with extra_info.numbers); give your own with reward.function=module:function"
+        f"no rule reward for data_source {data_source!r} (known: {', '.join(HASH_ANSWER_SOURCES + BOXED_SOURCES)}, "
+        f"{ECHO_SOURCE}, {COUNTDOWN_SOURCE} with extra_info.numbers); for \\boxed{{}} answers set "
+        "reward.functions=[boxed], else give your own with reward.function=module:function"
     )
 
 
