@@ -8,11 +8,9 @@
 # Without vLLM's wheels (scarce device time): carry only gguf/datasets (STAGE_SET=small bash bench/gpu_stage.sh) and
 # run with EXTRA_SETS=rollout.engine=hf (HF generate on the GPU; same maths).
 # SmolLM2-135M-Instruct's chain (gsm8k, largest: the ones not yet measured; 2 jobs at a time) runs; Gemma-3-270M base's
-# (GEMMA_JOBS=gemma:arithmetic) only when asked. Gemma is a base model: its arithmetic job gets a Question/Answer
-# frame with one worked example, no chat template, a stop at the next question and 64 new tokens (BASE_FRAME, unless JOB_SETS is given;
-# greedy accuracy with the frame on 64 prompts on the CPU, 48 tokens and no stop: 0.14; with the chat template on 2026-12-05: 0),
-# sampling at 0.7 and no credit for a wrong answer: on the CPU at T=1 with the recipe's 0.1 format credit the policy collapsed onto
-# '#### 7'; with these two, 6 CPU steps rose from 0.14 to 0.20 greedy (bench/RESULTS.md recipes, 2026-12-07).
+# (GEMMA_JOBS=gemma:arithmetic-base, the recipe for base models: a Question/Answer frame with two worked examples, no chat
+# template, a stop at the blank line) only when asked. JOB_SETS adds per-job settings, e.g. to try another frame over a recipe
+# (the 2026-12-07 Gemma runs did so over `arithmetic`; bench/RESULTS.md recipes).
 # Each model is imported first by `lite-verl import-gguf`. Hardware knobs only
 # (--set): bf16 rollout (the AWQ set is not carried), eager vLLM (fast starts), 0.1 of the GPU per engine.
 # $OUT gets recipes.log, results_new.jsonl (the rows it appended) and extra.tgz (logs, curves, eval JSON).
@@ -64,8 +62,7 @@ case "${1:-}" in
   wait) ;;
   chain)  # NAME GGUF JOBS: import the model, then its jobs (run by start, in the background)
     PYTHONPATH=/tmp/tf-import:$PYTHONPATH python3 -m lite_verl import-gguf "/tmp/models/$3" "/tmp/models/$2" || exit 1
-    BASE_FRAME='gemma:arithmetic:data.apply_chat_template=false;gemma:arithmetic:rollout.max_new_tokens=64;gemma:arithmetic:rollout.stop=["\n\nQuestion:"];gemma:arithmetic:rollout.temperature=0.7;gemma:arithmetic:reward.functions=[{fn: gsm8k}];gemma:arithmetic:data.prompt_template=Question: Tom has 5 pens, buys 3 more, then gives away 2. How many pens does Tom have?\nAnswer: 5 + 3 = 8, 8 - 2 = 6.\n#### 6\n\nQuestion: {prompt}\nAnswer:'
-    JS=(); IFS=';' read -ra parts <<< "${JOB_SETS:-$BASE_FRAME}"; for p in "${parts[@]}"; do [ -n "$p" ] && JS+=(--job-set "$p"); done
+    JS=(); IFS=';' read -ra parts <<< "${JOB_SETS:-}"; for p in "${parts[@]}"; do [ -n "$p" ] && JS+=(--job-set "$p"); done
     # EXTRA_SETS: more hardware knobs for every command, space-separated (e.g. rollout.engine=hf: HF generate on
     # the GPU, where vLLM's wheels were not carried)
     for x in ${EXTRA_SETS:-}; do JS+=(--set "$x"); done

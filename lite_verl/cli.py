@@ -514,10 +514,11 @@ def cmd_presets(args: argparse.Namespace) -> int:
 def cmd_recipes(args: argparse.Namespace) -> int:
     from lite_verl.config.presets import launch_line, recipe_names, recipe_path
 
+    width = max(map(len, recipe_names()), default=0)
     for name in recipe_names():
         path = recipe_path(name)
         about = next((ln[2:].strip() for ln in path.read_text().splitlines() if ln.startswith("# ")), "")
-        print(f"{name:<11} {about}\n{'':<11} {launch_line(path)}")
+        print(f"{name:<{width}} {about}\n{'':<{width}} {launch_line(path)}")
     return 0
 
 
@@ -711,6 +712,11 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("lite-verl: interrupted", file=sys.stderr)
         return 130
+    except (
+        BrokenPipeError
+    ):  # the reader left (`lite-verl recipes | head`): stop quietly, as a pipe's writer does
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error at exit's flush
+        return 141  # 128 + SIGPIPE
     except OSError as e:
         from lite_verl.run.files import DISK_ERRORS, disk_error
 

@@ -57,7 +57,9 @@ def test_every_recipe_sets_no_where_key_and_loads(name):
 
 
 def test_shipped_recipes():
-    assert {"gsm8k", "math", "arithmetic", "countdown", "sequence", "largest"} <= set(recipe_names())
+    assert {"gsm8k", "math", "arithmetic", "arithmetic-base", "countdown", "sequence", "largest"} <= set(
+        recipe_names()
+    )
 
 
 def test_a_preset_with_a_maths_key_and_a_recipe_with_a_hardware_key_are_refused(tmp_path):
