@@ -318,6 +318,8 @@ def _quiet_libraries() -> None:
 
 
 def cmd_train(args: argparse.Namespace) -> int:
+    from dataclasses import replace
+
     from lite_verl.config.paths import with_absolute_paths
     from lite_verl.config.validation import check_environment
     from lite_verl.loop import prepare, run_training
@@ -338,6 +340,10 @@ def cmd_train(args: argparse.Namespace) -> int:
     run = RunDir(Path(args.run_dir) if args.run_dir else default_run_dir(cfg.preset, cfg.recipe))
     run.check_new()  # absent or empty, and no other process's
     session = prepare(cfg)  # everything that can fail on bad input fails here, before the run dir exists
+    steps = session.cfg.trainer  # trainer.total_epochs becomes steps once the data is read
+    cfg = replace(
+        cfg, trainer=replace(cfg.trainer, total_steps=steps.total_steps, total_epochs=steps.total_epochs)
+    )
     from lite_verl.run.signals import Interrupted, StopRequest
 
     try:

@@ -16,7 +16,7 @@ import sys
 import time
 import warnings
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, cast
 
 import torch
@@ -92,6 +92,7 @@ def prepare(cfg: Config) -> Session:
     warn_demo_lr(cfg, path)
     tokenizer = load_tokenizer(path, cfg.model.trust_remote_code)
     train_set, val_set = load_prompt_sets(cfg.data, tokenizer, cfg.trainer.seed)
+    cfg = steps_of_epochs(cfg, len(train_set))
     group, backend = build_trainer(cfg, path)
     try:
         if cfg.train.offload_during_rollout:  # vLLM starts on a card the trainer has left
@@ -104,6 +105,18 @@ def prepare(cfg: Config) -> Session:
     micro = MicroBatchSize.of(cfg, lockstep=group is not None and backend.sharded)
     kl_ctrl = make_kl_controller(cfg.algorithm)
     return Session(cfg, tokenizer, backend, engine, train_set, val_set, scorer, kl_ctrl, micro, group)
+
+
+def steps_of_epochs(cfg: Config, prompts: int) -> Config:
+    """trainer.total_epochs > 0: total_steps = ceil(epochs x prompts / batch_size), said once, and the epochs
+    resolved to 0 (the run's config then holds the steps, as --resume and watch read them)."""
+    tr = cfg.trainer
+    if tr.total_epochs <= 0:
+        return cfg
+    steps = max(1, math.ceil(tr.total_epochs * prompts / tr.batch_size))
+    print(f"lite-verl: trainer.total_epochs={tr.total_epochs:g} over {prompts} prompts at {tr.batch_size} a step: "
+          f"trainer.total_steps={steps}", file=sys.stderr)  # fmt: skip
+    return replace(cfg, trainer=replace(tr, total_steps=steps, total_epochs=0.0))
 
 
 def host_peak_gib() -> float | None:

@@ -113,8 +113,12 @@ def test_resume_continues_step_count_and_data_order(tmp_path):
     """Acceptance 4: 2 steps + resume to 4 == 4 steps uninterrupted (same data order, same numbers)."""
     full = cli("train", "--run-dir", "full", *FAST, "--set", "trainer.total_steps=4", cwd=tmp_path)
     assert full.returncode == 0, full.stderr[-2000:]
-    part = cli("train", "--run-dir", "part", *FAST, "--set", "trainer.total_steps=2", cwd=tmp_path)
+    # 2 steps given as epochs (TRL's num_train_epochs): 0.125 x 64 prompts / 4 a step; the run keeps the steps
+    part = cli("train", "--run-dir", "part", *FAST, "--set", "trainer.total_epochs=0.125", cwd=tmp_path)
     assert part.returncode == 0, part.stderr[-2000:]
+    assert "trainer.total_epochs=0.125 over 64 prompts at 4 a step: trainer.total_steps=2" in part.stderr
+    kept = (tmp_path / "part" / "config.yaml").read_text()
+    assert "total_steps: 2\n" in kept and "total_epochs: 0.0\n" in kept
     resumed = cli("train", "--resume", "part", "--set", "trainer.total_steps=4", cwd=tmp_path)
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     a = [m for m in metrics(tmp_path / "full") if "reward/mean" in m]

@@ -8,7 +8,6 @@ which changes the maths.
 
 from __future__ import annotations
 
-STEPS = "trainer.total_steps (lite-verl counts steps, not epochs)"
 MICRO = "train.micro_batch_size (rows per forward; the gradient is the same for any value)"
 
 # suffix -> the lite-verl key or setting, with a note where the meaning differs
@@ -21,7 +20,7 @@ VERL: dict[str, str] = {  # Hydra keys of verl's ppo_trainer.yaml
     "response_length": "rollout.max_new_tokens",
     "train_batch_size": "trainer.batch_size (prompts per step)",
     "total_training_steps": "trainer.total_steps",
-    "total_epochs": STEPS,
+    "total_epochs": "trainer.total_epochs",
     "test_freq": "trainer.val_every",
     "save_freq": "trainer.save_every",
     "n_gpus_per_node": "train.gpus and rollout.gpus (the GPU ids each role uses)",
@@ -45,7 +44,7 @@ TRL: dict[str, str] = {  # GRPOConfig / TrainingArguments
     "per_device_train_batch_size": "trainer.batch_size (prompts per step; each gets rollout.n responses)",
     "gradient_accumulation_steps": MICRO,
     "max_steps": "trainer.total_steps",
-    "num_train_epochs": STEPS,
+    "num_train_epochs": "trainer.total_epochs",
     "beta": "algorithm.kl_loss_coef",
     "epsilon": "algorithm.clip_ratio_low",
     "epsilon_high": "algorithm.clip_ratio_high",

@@ -388,6 +388,11 @@ class SyncConfig:
 @dataclass(frozen=True)
 class TrainerConfig:
     total_steps: int = key(100, "rollout + update steps")
+    total_epochs: float = key(
+        0.0,
+        "> 0: passes over the training prompts instead of total_steps, which becomes ceil(epochs x prompts / "
+        "batch_size) once the data is read (TRL's num_train_epochs, verl's total_epochs) and is written to the run",
+    )
     batch_size: int = key(16, "prompts per step, global: the same on every machine")
     seed: int = key(0, "seeds data order, built-in task, sampling and init")
     save_every: int = key(0, "also checkpoint every N steps (0 = by time, a signal and the end only)")

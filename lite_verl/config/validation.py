@@ -314,6 +314,7 @@ def _check_reward_trainer(cfg: Config) -> None:
     _positive("sync.bucket_mb", cfg.sync.bucket_mb)
 
     _positive("trainer.total_steps", tr.total_steps)
+    _positive("trainer.total_epochs", tr.total_epochs, allow_zero=True)
     _positive("trainer.batch_size", tr.batch_size)
     _positive("trainer.seed", tr.seed, allow_zero=True)
     _positive("trainer.save_every", tr.save_every, allow_zero=True)

@@ -66,7 +66,7 @@ PLACEMENT_KEYS = frozenset({
 # How long it runs and what it records. A longer run stretches a linear/cosine train.lr_scheduler, which is
 # computed from trainer.total_steps at every step.
 RUN_LENGTH_KEYS = frozenset({
-    "trainer.total_steps", "trainer.save_every", "trainer.save_every_minutes", "trainer.keep_checkpoints", "trainer.val_every",
+    "trainer.total_steps", "trainer.total_epochs", "trainer.save_every", "trainer.save_every_minutes", "trainer.keep_checkpoints", "trainer.val_every",
     "trainer.val_before_train", "trainer.tensorboard", "trainer.progress", "trainer.loggers",
     "trainer.samples_every", "trainer.samples_per_step",
 })  # fmt: skip
