@@ -196,7 +196,8 @@ def test_trackers_read_back_and_resume_continues_the_same_runs(tmp_path, monkeyp
     from mlflow.tracking import MlflowClient
 
     loggers = "trainer.loggers=[console,jsonl,tensorboard,wandb,mlflow]"
-    sets = [a for s in [*SMALL, "trainer.total_steps=2", loggers] for a in ("--set", s)]
+    names = ["trainer.project_name=gsm-sweep", "trainer.experiment_name=lr-1e-5"]  # verl's keys
+    sets = [a for s in [*SMALL, "trainer.total_steps=2", loggers, *names] for a in ("--set", s)]
     first = _train(tmp_path, "--preset", "laptop", "--run-dir", "run", *sets)
     assert first.returncode == 0, first.stderr[-3000:]
     run = tmp_path / "run"
@@ -213,6 +214,11 @@ def test_trackers_read_back_and_resume_continues_the_same_runs(tmp_path, monkeyp
     assert_series([(m.step, m.value) for m in series], rewards)
     mlrun = client.get_run(run_id)
     assert mlrun.data.params["trainer/total_steps"] == "2" and mlrun.info.status == "FINISHED"
+    assert (
+        mlrun.info.run_name == "lr-1e-5"
+        and client.get_experiment(mlrun.info.experiment_id).name == "gsm-sweep"
+    )
+    assert state["wandb"]["project"] == "gsm-sweep"
     assert "summary/wall_s" in mlrun.data.metrics
 
     # W&B offline: the run directory, its history and summary

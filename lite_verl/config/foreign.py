@@ -26,8 +26,8 @@ VERL: dict[str, str] = {  # Hydra keys of verl's ppo_trainer.yaml
     "n_gpus_per_node": "train.gpus and rollout.gpus (the GPU ids each role uses)",
     "nnodes": "one machine here; `lite-verl export-verl RUN --nnodes N` writes a verl launch for several",
     "default_local_dir": "the --run-dir option of lite-verl train",
-    "project_name": "the --run-dir option (W&B: the WANDB_PROJECT environment variable)",
-    "experiment_name": "the --run-dir option (W&B: the WANDB_NAME environment variable)",
+    "project_name": "trainer.project_name",
+    "experiment_name": "trainer.experiment_name",
     "logger": "trainer.loggers",
     "rollout.name": "rollout.engine",
     "custom_reward_function.path": "reward.function (FILE.py:FUNCTION)",
@@ -62,6 +62,7 @@ TRL: dict[str, str] = {  # GRPOConfig / TrainingArguments
     "max_grad_norm": "train.grad_clip",
     "reward_weights": "reward.functions (a weight per function)",
     "report_to": "trainer.loggers",
+    "run_name": "trainer.experiment_name",
     "bf16": "model.dtype=bfloat16",
     "mask_truncated_completions": "nothing yet: truncated responses are scored as they are",
 }

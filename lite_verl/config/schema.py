@@ -412,6 +412,15 @@ class TrainerConfig:
         "where metrics go: console (progress bar), jsonl (RUN/metrics.jsonl: required, the summary, report "
         "and resume read it), tensorboard (RUN/tb), wandb, mlflow, trackio (pip install 'lite-verl[wandb]' etc.)",
     )
+    project_name: str = key(
+        "",
+        "the trackers' project (W&B project, MLflow experiment, Trackio project; verl's trainer.project_name); "
+        "empty = WANDB_PROJECT / MLFLOW_EXPERIMENT_NAME / TRACKIO_PROJECT, else lite-verl",
+    )
+    experiment_name: str = key(
+        "",
+        "the trackers' run name (verl's trainer.experiment_name, TRL's run_name); empty = the run directory's name",
+    )
     tensorboard: bool | None = key(
         None,
         "old switch, kept: true adds tensorboard to trainer.loggers, false removes it, null = as loggers say",

@@ -68,6 +68,7 @@ PLACEMENT_KEYS = frozenset({
 RUN_LENGTH_KEYS = frozenset({
     "trainer.total_steps", "trainer.total_epochs", "trainer.save_every", "trainer.save_every_minutes", "trainer.keep_checkpoints", "trainer.val_every",
     "trainer.val_before_train", "trainer.tensorboard", "trainer.progress", "trainer.loggers",
+    "trainer.project_name", "trainer.experiment_name",
     "trainer.samples_every", "trainer.samples_per_step",
 })  # fmt: skip
 # The remedies of a run that stopped: a lower step size after a divergence ("lower train.lr"), a reward

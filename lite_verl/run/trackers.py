@@ -32,7 +32,7 @@ from lite_verl.run.files import atomic_write_text
 
 # logger -> (module to import, pip extra of lite-verl)
 PACKAGES = {"wandb": ("wandb", "wandb"), "mlflow": ("mlflow", "mlflow"), "trackio": ("trackio", "trackio")}
-PROJECT = "lite-verl"  # W&B project, MLflow experiment, Trackio project unless their env vars say otherwise
+PROJECT = "lite-verl"  # W&B project, MLflow experiment, Trackio project unless trainer.project_name or their env vars say otherwise
 
 
 class Tracker(Protocol):
@@ -154,14 +154,22 @@ class TensorBoardTracker:
         self.writer.close()
 
 
+def _names(config: dict[str, Any], env: str, run: Path) -> tuple[str, str]:
+    """(project, run name): trainer.project_name, else the tracker's environment variable, else lite-verl;
+    trainer.experiment_name, else the run directory's name."""
+    tr = config.get("trainer", {})
+    return tr.get("project_name") or os.environ.get(env, PROJECT), tr.get("experiment_name") or run.name
+
+
 class WandbTracker:
     def __init__(self, run: Path, state: _State, config: dict[str, Any]) -> None:
         import wandb
 
         saved = state.get("wandb")
+        project, name = _names(config, "WANDB_PROJECT", run)
         self.run = wandb.init(
-            project=os.environ.get("WANDB_PROJECT", PROJECT),
-            name=run.name,
+            project=saved.get("project") or project,
+            name=name,
             id=saved.get("id"),  # None: a new run, its id kept below
             resume="allow",  # a resume continues the same run
             dir=str(run),
@@ -208,8 +216,9 @@ class MlflowTracker:
         if saved.get("run_id"):
             active = mlflow.start_run(run_id=saved["run_id"])  # a resume reopens the same run
         else:
-            mlflow.set_experiment(os.environ.get("MLFLOW_EXPERIMENT_NAME", PROJECT))
-            active = mlflow.start_run(run_name=run.name)
+            experiment, name = _names(config, "MLFLOW_EXPERIMENT_NAME", run)
+            mlflow.set_experiment(experiment)
+            active = mlflow.start_run(run_name=name)
         self.run_id = active.info.run_id
         state.put("mlflow", {"run_id": self.run_id, "tracking_uri": uri})
         self.log_config(config)
@@ -246,8 +255,8 @@ class TrackioTracker:
         import trackio
 
         saved = state.get("trackio")
-        project = saved.get("project") or os.environ.get("TRACKIO_PROJECT", PROJECT)
-        name = saved.get("name") or run.name
+        project, name = _names(config, "TRACKIO_PROJECT", run)
+        project, name = saved.get("project") or project, saved.get("name") or name
         self.run = trackio.init(project=project, name=name, config=config, resume="allow", embed=False)
         state.put("trackio", {"project": project, "name": name})
         self.trackio = trackio
