@@ -371,3 +371,21 @@ def test_a_typed_backslash_n_in_the_frame_is_a_newline():
     typed, _ = _rows(cfg, seed=3)
     assert typed == _rows(real, seed=3)[0]
     assert "\\n" not in typed[0].messages[1]["content"] and "\nAnswer:" in typed[0].messages[1]["content"]
+
+
+def test_sharegpt_conversations_read_as_chat_messages(tmp_path, tokenizer, capsys):
+    """ShareGPT rows ({"from", "value"}: Unsloth's and many Hub datasets') are chat messages; an unknown
+    speaker is one line; SFT-style conversations ending in the assistant's answer are said once, with the fix."""
+    talk = [{"from": "system", "value": "Be brief."}, {"from": "human", "value": "2+2?"}]
+    path = _jsonl(tmp_path / "s.jsonl", [{"conversations": talk, "answer": "4"}])
+    cfg = DataConfig(train_files=(str(path),), prompt_key="conversations", answer_key="answer", val_split="")
+    (row,), _ = _rows(cfg)
+    assert row.messages == ({"role": "system", "content": "Be brief."}, {"role": "user", "content": "2+2?"})
+    _jsonl(path, [{"conversations": [{"from": "narrator", "value": "x"}], "answer": "4"}])
+    with pytest.raises(
+        DataError, match=r"s.jsonl:1: conversations\[0\] is a ShareGPT message from 'narrator'"
+    ):
+        _rows(cfg)
+    _jsonl(path, [{"conversations": [*talk, {"from": "gpt", "value": "4"}], "answer": "4"}])
+    load_prompt_sets(cfg, tokenizer, 0)
+    assert "1 of 1 prompts of data.train_files end with an assistant message" in capsys.readouterr().err

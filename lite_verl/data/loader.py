@@ -73,6 +73,11 @@ def encode_prompts(
             )
         kept.append(row)
         out.append(ids)
+    answered = sum(1 for r in kept if r.messages and r.messages[-1]["role"] == "assistant")
+    if answered:  # an SFT dataset's conversations hold the answer: the model would answer after it
+        print(f"lite-verl: {answered} of {len(kept)} prompts of {what} end with an assistant message (SFT-style "
+              "data holds its answer there); the model writes the next turn after it. Give the conversation up to "
+              "the last user message (data.prompt_key), and the answer as data.answer_key", file=sys.stderr)  # fmt: skip
     if len(kept) < len(rows):
         print(
             f"lite-verl: dropped {len(rows) - len(kept)} of {len(rows)} prompts of {what} longer than "

@@ -96,6 +96,7 @@ def _messages(
         )
     messages = []
     for i, m in enumerate(prompt):
+        m = _from_sharegpt(m, where, f"{key}[{i}]")
         if (
             not isinstance(m, dict)
             or not isinstance(m.get("role"), str)
@@ -104,6 +105,22 @@ def _messages(
             raise DataError(f"{where}: {key}[{i}] must be an object with string 'role' and 'content'")
         messages.append({"role": m["role"], "content": m["content"]})
     return framed(messages, system, template)
+
+
+# ShareGPT's speakers (Unsloth's standardize_sharegpt reads the same) as chat roles
+SHAREGPT_ROLES = {"human": "user", "user": "user", "gpt": "assistant", "assistant": "assistant",
+                  "system": "system", "tool": "tool", "function_call": "assistant", "observation": "tool"}  # fmt: skip
+
+
+def _from_sharegpt(m: Any, where: str, at: str) -> Any:
+    """A ShareGPT message {"from", "value"} as {"role", "content"}; anything else as it is."""
+    if not isinstance(m, dict) or "role" in m or "from" not in m or "value" not in m:
+        return m
+    role = SHAREGPT_ROLES.get(str(m["from"]).lower())
+    if role is None:
+        raise DataError(f"{where}: {at} is a ShareGPT message from {m['from']!r}; lite-verl reads the speakers "
+                        f"{', '.join(SHAREGPT_ROLES)}: rename it to one of them")  # fmt: skip
+    return {"role": role, "content": m["value"]}
 
 
 def framed(messages: Iterable[dict[str, str]], system: str, template: str) -> tuple[dict[str, str], ...]:
