@@ -90,7 +90,7 @@ def prepare(cfg: Config) -> Session:
     )
     check_prequantized(path, cfg.model.path, cfg.train.backend, awq)
     warn_demo_lr(cfg, path)
-    tokenizer = load_tokenizer(path, cfg.model.trust_remote_code)
+    tokenizer = load_tokenizer(path, cfg.model.trust_remote_code, cfg.data.chat_template)
     train_set, val_set = load_prompt_sets(cfg.data, tokenizer, cfg.trainer.seed)
     cfg = steps_of_epochs(cfg, len(train_set))
     group, backend = build_trainer(cfg, path)

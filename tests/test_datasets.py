@@ -389,3 +389,22 @@ def test_sharegpt_conversations_read_as_chat_messages(tmp_path, tokenizer, capsy
     _jsonl(path, [{"conversations": [*talk, {"from": "gpt", "value": "4"}], "answer": "4"}])
     load_prompt_sets(cfg, tokenizer, 0)
     assert "1 of 1 prompts of data.train_files end with an assistant message" in capsys.readouterr().err
+
+
+def test_chat_template_override_by_name_file_or_text(tmp_path, tiny_dir):
+    """data.chat_template replaces the model's own (Unsloth's get_chat_template): a name, a file, the text."""
+    from lite_verl.errors import ModelError
+    from lite_verl.model.load import load_tokenizer
+
+    path = _jsonl(tmp_path / "q.jsonl", ROWS)
+    cfg = replace(MAPPED, train_files=(str(path),))
+    jinja = "{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}{% endfor %}<assistant>"
+    (tmp_path / "t.jinja").write_text(jinja)
+    for spec, starts in (("chatml", "<|im_start|>user\nWhat is 2 + 3?<|im_end|>\n<|im_start|>assistant\n"),
+                         (str(tmp_path / "t.jinja"), "<user>What is 2 + 3?<assistant>"),
+                         (jinja, "<user>What is 2 + 3?<assistant>")):  # fmt: skip
+        tok = load_tokenizer(tiny_dir, chat_template=spec)
+        train, _ = load_prompt_sets(cfg, tok, 0)
+        assert tok.decode(train.token_ids[0]) == starts
+    with pytest.raises(ModelError, match="data.chat_template='llama-9': not a template name"):
+        load_tokenizer(tiny_dir, chat_template="llama-9")

@@ -118,6 +118,11 @@ class DataConfig:
         "wraps each prompt's (last user) text, of data files and built-in tasks: {prompt} is replaced by it, e.g. "
         "'{prompt} Answer after ####.' or, for a base model, 'Question: {prompt}\\nAnswer:'; empty = as it is",
     )
+    chat_template: str = key(
+        "",
+        "the chat template prompts are formatted with: empty = the model's own; chatml; a .jinja file; or the "
+        "Jinja text itself (Unsloth's get_chat_template); exports carry it",
+    )
     apply_chat_template: bool = key(
         True,
         "format prompts with the model's chat template when it has one (else plain text); false = the "

@@ -153,7 +153,8 @@ def warn_demo_lr(cfg: Config, path: Path) -> None:
               "use a recipe (lite-verl recipes) or --set train.lr=1e-5 (LoRA: up to 1e-4)", file=sys.stderr)  # fmt: skip
 
 
-def load_tokenizer(path: Path, trust_remote_code: bool = False):
+def load_tokenizer(path: Path, trust_remote_code: bool = False, chat_template: str = ""):
+    """The model's tokenizer, left-padding, with a pad token, and data.chat_template in place of its own."""
     from transformers import AutoTokenizer
 
     try:
@@ -165,7 +166,29 @@ def load_tokenizer(path: Path, trust_remote_code: bool = False):
     if tok.pad_token_id is None:
         tok.pad_token = tok.eos_token
     tok.padding_side = "left"
+    if chat_template:
+        tok.chat_template = template_text(chat_template)
     return tok
+
+
+# the templates data.chat_template names; ChatML as Qwen and SmolLM2 write it
+NAMED_TEMPLATES = {
+    "chatml": "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + "
+    "'<|im_end|>' + '\\n' }}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}",
+}
+
+
+def template_text(spec: str) -> str:
+    """data.chat_template as Jinja text: a name of NAMED_TEMPLATES, a file, or the text itself."""
+    if spec in NAMED_TEMPLATES:
+        return NAMED_TEMPLATES[spec]
+    if "{" in spec:  # Jinja's {% %} / {{ }}: the template itself
+        return spec
+    path = Path(spec).expanduser()
+    if not path.is_file():
+        raise ModelError(f"data.chat_template={spec!r}: not a template name ({', '.join(NAMED_TEMPLATES)}), a file "
+                         "or Jinja text; give a .jinja file or the template itself")  # fmt: skip
+    return path.read_text()
 
 
 @contextmanager

@@ -47,7 +47,7 @@ def _prompts(
     if calib:
         overrides.append(f"data.train_files=[{calib}]")
     cfg = load_config("laptop", None, overrides + (data_overrides or []))
-    tokenizer = load_tokenizer(Path(model_dir))
+    tokenizer = load_tokenizer(Path(model_dir), chat_template=cfg.data.chat_template)
     train, _ = load_prompt_sets(cfg.data, tokenizer, seed)
     return [list(ids) for ids in train.token_ids[:limit]]
 
@@ -174,7 +174,7 @@ def _merged_hf(ckpt: Path, cfg, target: Path, dtype: str = "auto") -> Path:
     from lite_verl.run.files import atomic_directory
 
     path = resolve_model_path(cfg.model)
-    tokenizer = load_tokenizer(path, cfg.model.trust_remote_code)
+    tokenizer = load_tokenizer(path, cfg.model.trust_remote_code, cfg.data.chat_template)
     if (ckpt / "adapter").is_dir():  # lora / qlora: the adapter merged into the base, in fp32
         base = AutoModelForCausalLM.from_pretrained(
             path, dtype=torch.float32, trust_remote_code=cfg.model.trust_remote_code
@@ -221,7 +221,10 @@ def _adapter(ckpt: Path, cfg, out: Path) -> Path:
         )
     with atomic_directory(out) as tmp:
         shutil.copytree(ckpt / "adapter", tmp, dirs_exist_ok=True, ignore=shutil.ignore_patterns("critic"))
-        load_tokenizer(resolve_model_path(cfg.model), cfg.model.trust_remote_code).save_pretrained(tmp)
+        tokenizer = load_tokenizer(
+            resolve_model_path(cfg.model), cfg.model.trust_remote_code, cfg.data.chat_template
+        )
+        tokenizer.save_pretrained(tmp)
     return out
 
 

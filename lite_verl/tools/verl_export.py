@@ -240,11 +240,18 @@ def _rollout(cfg: Config, layout: Layout) -> list[Item]:
 
 
 def _actor(cfg: Config, inp: Inputs, layout: Layout) -> list[Item]:
+    from lite_verl.model.load import template_text  # torch: only when a verl job is written
+
     t, a = cfg.train, cfg.algorithm
     micro = micro_batch(cfg, layout)
     items: list[Item] = [
         Override(MODEL + "path", inp.model),
         Override(MODEL + "trust_remote_code", cfg.model.trust_remote_code),
+        *(
+            [Override(MODEL + "custom_chat_template", template_text(cfg.data.chat_template))]
+            if cfg.data.chat_template
+            else []
+        ),  # fmt: skip
         Override(MODEL + "enable_gradient_checkpointing", t.checkpointing),
         Override(ACTOR + "strategy", "fsdp2"),
         *_optimizer(ACTOR + "optim.", t.lr, t.weight_decay, t.grad_clip),
