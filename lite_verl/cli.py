@@ -103,7 +103,8 @@ def _add_config_commands(sub) -> None:
         description="Resolve defaults < preset < --config < --set, check it, print it as YAML.",
     )
     _add_config_args(p)
-    p.add_argument("--keys", action="store_true", help="list every config key with its meaning")
+    p.add_argument("--keys", action="store_true", help="list every config key with its meaning and its value (under "
+                   "the given --preset, --recipe and --set; the preset's defaults otherwise)")  # fmt: skip
     p.add_argument(
         "--no-env-check", action="store_true", help="skip the checks of this machine (GPUs, packages)"
     )
@@ -493,9 +494,16 @@ def cmd_validate(args: argparse.Namespace) -> int:
     from lite_verl.config import describe, to_dict
     from lite_verl.config.validation import check_environment
 
-    if args.keys:
+    if args.keys:  # each key's value under the given --preset/--recipe/--set (the defaults with none)
+        from lite_verl.config.convert import flat_values
+
+        values = flat_values(_load(args, out=sys.stderr)[0])
         for key, comment in describe():
-            print(f"{key:<36} {comment}")
+            value = values.get(key, "")
+            shown = (
+                "''" if value == "" else yaml.safe_dump(value, default_flow_style=True, width=10**6).strip()
+            )
+            print(f"{key:<36} {comment}\n{'':<36} = {shown.removesuffix(chr(10) + '...')}")
         return 0
     cfg, _ = _load(args, out=sys.stderr)
     print(yaml.safe_dump(to_dict(cfg), sort_keys=False), end="")

@@ -57,6 +57,13 @@ def test_validate_and_presets(tmp_path):
     assert "4090x4" in out.stdout and "laptop" in out.stdout
     out = cli("validate", "--keys", cwd=tmp_path)
     assert "trainer.total_steps" in out.stdout
+    lines = out.stdout.splitlines()
+    assert (
+        lines[lines.index(next(x for x in lines if x.startswith("trainer.total_steps "))) + 1].strip()
+        == "= 100"
+    )
+    out = cli("validate", "--keys", "--recipe", "gsm8k", "--set", "train.lr=2e-5", cwd=tmp_path)
+    assert "= [openai/gsm8k]" in out.stdout and "= 2.0e-05" in out.stdout  # the values of that config
 
 
 @pytest.mark.slow

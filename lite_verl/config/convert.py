@@ -63,6 +63,23 @@ def describe(cls: type = Config, prefix: str = "") -> list[tuple[str, str]]:
     return out
 
 
+def flat_values(cfg: Config) -> dict[str, Any]:
+    """Every dotted key's value in `cfg` (as to_dict writes them); a mapping-valued key is one value."""
+    mappings = _mapping_set()
+    out: dict[str, Any] = {}
+
+    def walk(d: typing.Mapping[str, Any], prefix: str) -> None:
+        for k, v in d.items():
+            dotted = f"{prefix}{k}"
+            if isinstance(v, dict) and dotted not in mappings:
+                walk(v, dotted + ".")
+            else:
+                out[dotted] = v
+
+    walk(to_dict(cfg), "")
+    return out
+
+
 @functools.cache  # the schema is fixed; every layer a config is built from asks
 def where_keys(cls: type = Config, prefix: str = "") -> frozenset[str]:
     """The dotted keys that say where and how things run (schema `key(..., where=True)`): a preset's."""
