@@ -106,7 +106,9 @@ def _add_config_commands(sub) -> None:
     p.add_argument("--keys", action="store_true", help="list every config key with its meaning and its value (under "
                    "the given --preset, --recipe and --set; the preset's defaults otherwise)")  # fmt: skip
     p.add_argument(
-        "--no-env-check", action="store_true", help="skip the checks of this machine (GPUs, packages)"
+        "--no-env-check",
+        action="store_true",
+        help="skip the checks of this machine (GPUs, packages, model and data paths)",
     )
 
     sub.add_parser("presets", help="list the hardware presets (where a run goes)")
@@ -509,9 +511,21 @@ def cmd_validate(args: argparse.Namespace) -> int:
     print(yaml.safe_dump(to_dict(cfg), sort_keys=False), end="")
     if not args.no_env_check:
         check_environment(cfg)
+        _check_paths(cfg)
     recipe = f", recipe {cfg.recipe}" if cfg.recipe else ""
     print(f"# config OK (preset {cfg.preset}{recipe})", file=sys.stderr)
     return 0
+
+
+def _check_paths(cfg: Config) -> None:
+    """The model and data paths exist (a Hub id is taken as given: validate downloads nothing)."""
+    from lite_verl.data.sources import check_source
+    from lite_verl.model.load import check_model_path
+
+    check_model_path(cfg.model)
+    for key, sources in (("data.train_files", cfg.data.train_files), ("data.val_files", cfg.data.val_files)):
+        for source in sources:
+            check_source(source, key)
 
 
 def cmd_presets(args: argparse.Namespace) -> int:

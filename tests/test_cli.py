@@ -64,6 +64,8 @@ def test_validate_and_presets(tmp_path):
     )
     out = cli("validate", "--keys", "--recipe", "gsm8k", "--set", "train.lr=2e-5", cwd=tmp_path)
     assert "= [openai/gsm8k]" in out.stdout and "= 2.0e-05" in out.stdout  # the values of that config
+    out = cli("validate", "--set", "data.val_files=[tset.jsonl]", cwd=tmp_path)  # a dry run checks the paths
+    assert out.returncode == 2 and "data.val_files: 'tset.jsonl' does not exist" in out.stderr
 
 
 @pytest.mark.slow

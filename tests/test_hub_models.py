@@ -139,6 +139,7 @@ def test_what_counts_as_a_hub_id(tmp_path, monkeypatch):
     assert parse_hub_id("org/name", "dev") == ("org/name", "dev")
     for local in (
         "models/mine",
+        "models/typo",  # a missing path in a folder here: "does not exist", not a failed download
         "/abs/dir",
         "./org/name",
         "~/org",

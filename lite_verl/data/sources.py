@@ -100,9 +100,18 @@ def load_split(
             return _load_saved(path, source, split, split_key, required, what)
         files = _split_files(path, source, subset, what)
         return _read_split(files, source, split, split_key, required, what, skip_bad)
+    check_source(source, what)
+    return _load_hub(source, split, subset, what, split_key, required)
+
+
+def check_source(source: str, what: str) -> None:
+    """A source that is neither an existing path nor shaped like a Hub dataset id is a DataError (no read,
+    no download: `lite-verl validate` asks too)."""
+    path = Path(source).expanduser()
+    if path.exists():
+        return
     if path.suffix in FORMATS or source.startswith((".", "/", "~")) or not _HUB_ID.fullmatch(source):
         raise DataError(f"{what}: {source!r} does not exist; give {FORMS}")
-    return _load_hub(source, split, subset, what, split_key, required)
 
 
 def _choose(names: Sequence[str], spec: str, label: str, key: str, required: bool) -> tuple[str, str] | None:

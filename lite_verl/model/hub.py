@@ -31,8 +31,11 @@ WEIGHT_INDEXES = ("model.safetensors.index.json", "pytorch_model.bin.index.json"
 
 def parse_hub_id(path: str, revision: str = "") -> tuple[str, str] | None:
     """(repo id, revision or "") when `path` names a Hub model rather than a local path; None otherwise.
-    A path that exists on disk is always local; so is one that starts with '/', '.', '~' or ends in .gguf."""
+    A path that exists on disk is always local; so is one that starts with '/', '.', '~' or ends in .gguf, and
+    one whose first part is a folder here (runs/typo)."""
     if Path(path).expanduser().exists() or path.lower().endswith(".gguf"):
+        return None
+    if "/" in path and Path(path.split("/", 1)[0]).is_dir():  # runs/typo: a missing path in a local folder
         return None
     m = HUB_ID.match(path)
     if m is None or ".." in m["repo"] or "--" in m["repo"]:

@@ -28,6 +28,18 @@ REAL_MODEL_HIDDEN = 512  # a hidden size this wide is a real model, not the tiny
 KINDS = "a local Hugging Face model directory, a Hub id (org/name), a .gguf file or tiny:qwen2"
 
 
+def check_model_path(cfg: ModelConfig) -> None:
+    """model.path names a tiny model, a Hub id, or an existing .gguf file or model directory (nothing loaded
+    or downloaded: `lite-verl validate` asks); else the ModelError resolve_model_path would give."""
+    if cfg.path.startswith("tiny:") or _hub_id(cfg) is not None:
+        return
+    path = Path(cfg.path).expanduser()
+    if cfg.path.lower().endswith(".gguf") and not path.is_file():
+        raise ModelError(f"model.path={cfg.path!r} does not exist; give the path of a .gguf file")
+    if not cfg.path.lower().endswith(".gguf") and not path.is_dir():
+        raise ModelError(f"model.path={cfg.path!r} does not exist; give {KINDS}")
+
+
 def resolve_model_path(cfg: ModelConfig) -> Path:
     """model.path (with model.revision) -> the local model directory every process loads."""
     if cfg.path.startswith("tiny:"):
