@@ -408,3 +408,15 @@ def test_chat_template_override_by_name_file_or_text(tmp_path, tiny_dir):
         assert tok.decode(train.token_ids[0]) == starts
     with pytest.raises(ModelError, match="data.chat_template='llama-9': not a template name"):
         load_tokenizer(tiny_dir, chat_template="llama-9")
+
+
+def test_a_csv_of_verl_rows_reads_its_structured_cells(tmp_path):
+    """pandas' to_csv of a verl dataframe writes dicts and chat messages as their repr: read back as such."""
+    import pandas as pd
+
+    frame = pd.DataFrame([{"prompt": CHAT, "data_source": "mine", "reward_model": {"ground_truth": "4"},
+                           "extra_info": {"numbers": [1, 3]}, "note": "[see {x}]"}])  # fmt: skip
+    frame.to_csv(tmp_path / "v.csv", index=False)
+    (row,), _ = _rows(DataConfig(train_files=(str(tmp_path / "v.csv"),), val_split=""))
+    assert row.messages == (CHAT[0],) and row.ground_truth == "4" and row.extra_info == {"numbers": [1, 3]}
+    assert row.columns["note"] == "[see {x}]"  # text that only looks bracketed stays text

@@ -17,6 +17,7 @@ The rows come back as plain dicts (column -> value, types kept); schema.py maps 
 
 from __future__ import annotations
 
+import ast
 import contextlib
 import functools
 import json
@@ -161,7 +162,25 @@ def _load_file(path: Path, source: str, what: str, skip_bad: bool = False) -> Ra
             rows = ds.to_list()
     if not rows:
         raise DataError(f"{what}: {str(path)!r} holds no rows")
+    if path.suffix == ".csv":
+        rows = [{k: structured_cell(v) for k, v in row.items()} for row in rows]
     return RawRows(source, str(path), rows, tuple(ds.column_names), index, jsonl)
+
+
+def structured_cell(value: Any) -> Any:
+    """A CSV cell holding a dict or a list as text (pandas' to_csv of verl's reward_model, extra_info or chat
+    prompt writes its repr, JSON writers JSON) as that dict or list; any other cell as it is."""
+    if not isinstance(value, str) or value[:1] not in "[{" or value.rstrip()[-1:] not in "]}":
+        return value
+    try:
+        return json.loads(value)
+    except ValueError:
+        pass
+    try:
+        parsed = ast.literal_eval(value)
+    except (ValueError, SyntaxError, MemoryError, RecursionError):
+        return value
+    return parsed if isinstance(parsed, (dict, list)) else value
 
 
 def _good_json_lines(path: Path, first_error: str) -> tuple[Any, list[int]]:
