@@ -42,6 +42,8 @@ def _files(tmp: Path, tiny_dir: Path) -> None:
         "cost: {gpu_models: [A10, A10, A10], price_per_hour: {A10: 1.0}}\n"
     )
     (tmp / "unknown_section.yaml").write_text("trainr:\n  seed: 1\n")
+    (tmp / "hydra_defaults.yaml").write_text("defaults:\n  - ppo_trainer\n")
+    (tmp / "interpolation.yaml").write_text("rollout:\n  max_new_tokens: ${data.max_response_length}\n")
     (tmp / "noconfig").mkdir()
     (tmp / "noconfig" / "weights.bin").write_text("")
     (tmp / "bert").mkdir()
@@ -73,6 +75,8 @@ CASES: dict[str, tuple[list[str], str]] = {
     # config
     "unknown key": (["--set", "trainer.totl_steps=3"], "did you mean 'trainer.total_steps'"),
     "unknown key in file": (["--config", "unknown_section.yaml"], "unknown config key 'trainr'"),
+    "hydra defaults list": (["--config", "hydra_defaults.yaml"], "Hydra's defaults list is not read"),
+    "omegaconf interpolation": (["--config", "interpolation.yaml"], "is an OmegaConf/Hydra interpolation; lite-verl reads plain YAML"),
     "set without =": (["--set", "trainer.total_steps"], "is not key=value"),
     "hydra-style override": (["trainer.total_steps=3"], "config changes take one --set each: --set trainer.total_steps=3"),
     "wrong type int": (["--set", "trainer.total_steps=many"], "trainer.total_steps must be an int"),

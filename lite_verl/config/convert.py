@@ -175,6 +175,9 @@ def _coerce_choice(key: str, value: Any, allowed: tuple[Any, ...]) -> Any:
 
 def _coerce(key: str, value: Any, tp: Any) -> Any:
     """Check `value` against the field type `tp`; return it in the dataclass's representation."""
+    if isinstance(value, str) and "${" in value and "}" in value and tp is not str:
+        raise ConfigError(f"{key}={value!r} is an OmegaConf/Hydra interpolation; lite-verl reads plain YAML: "
+                          "write the value itself")  # fmt: skip
     bad = ConfigError(
         f"{key} must be {_article(_type_name(tp))}, got {value!r} ({type(value).__name__}); fix its value (--set or the config file)"
     )

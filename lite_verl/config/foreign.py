@@ -26,6 +26,7 @@ VERL: dict[str, str] = {  # Hydra keys of verl's ppo_trainer.yaml
     "n_gpus_per_node": "train.gpus and rollout.gpus (the GPU ids each role uses)",
     "nnodes": "one machine here; `lite-verl export-verl RUN --nnodes N` writes a verl launch for several",
     "default_local_dir": "the --run-dir option of lite-verl train",
+    "defaults": "nothing: Hydra's defaults list is not read; give one plain YAML file (--config) holding the keys",
     "project_name": "trainer.project_name",
     "experiment_name": "trainer.experiment_name",
     "logger": "trainer.loggers",
