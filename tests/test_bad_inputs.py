@@ -43,7 +43,7 @@ def _files(tmp: Path, tiny_dir: Path) -> None:
     )
     (tmp / "unknown_section.yaml").write_text("trainr:\n  seed: 1\n")
     (tmp / "hydra_defaults.yaml").write_text("defaults:\n  - ppo_trainer\n")
-    (tmp / "interpolation.yaml").write_text("rollout:\n  max_new_tokens: ${data.max_response_length}\n")
+    (tmp / "interpolation.yaml").write_text("data:\n  max_prompt_length: ${data.max_response_length}\n")
     (tmp / "noconfig").mkdir()
     (tmp / "noconfig" / "weights.bin").write_text("")
     (tmp / "bert").mkdir()
