@@ -178,10 +178,16 @@ def judged(session: Session, scores: torch.Tensor, judge: str = "") -> torch.Ten
     """What is judged right or wrong in the last scoring (`scores`): with several reward.functions the own
     values of `judge`, by default the first one (the task's; a format or length term comes after it; None is
     wrong); else the reward itself. Validation and `lite-verl eval` judge alike."""
-    parts = session.scorer.last_parts  # in reward.functions' order
+    parts = session.scorer.last_parts  # in reward.functions' order, then the functions' extra numbers
+    name, judged_values = "", scores
     if len(session.cfg.reward.functions) > 1 and parts:
-        return (parts[judge] if judge else next(iter(parts.values()))).nan_to_num(nan=float("-inf"))
-    return scores
+        name = judge or next(iter(parts))
+        judged_values = parts[name].nan_to_num(nan=float("-inf"))
+    # a verl-shaped function that returns {"score", "acc", ...} is judged by its acc, as verl's validation is
+    acc = next((v for k, v in parts.items() if k.endswith("/acc") and (not name or k == f"{name}/acc")), None)
+    if acc is None:
+        return judged_values
+    return torch.where(acc.isnan(), judged_values, acc)
 
 
 def _greedy_baselines(session: Session, rows_idx: list[int]) -> torch.Tensor:

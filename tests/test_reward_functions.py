@@ -57,6 +57,11 @@ USER = textwrap.dedent(
     def reordered(ground_truth, extra_info, solution_str, data_source):
         return {"score": float(solution_str.endswith(ground_truth)), "acc": True}
 
+    def verl_extras(data_source, solution_str, ground_truth, extra_info=None):
+        # DAPO's math_dapo shape: a score of -1/1, acc a bool, pred text
+        right = solution_str == ground_truth
+        return {"score": 1.0 if right else -1.0, "acc": right, "pred": solution_str, "len": len(solution_str)}
+
     def two_args(solution_str, ground_truth):
         return float(len(solution_str))
 
@@ -461,3 +466,26 @@ def test_a_reward_module_beside_the_user_and_a_file_importing_its_sibling_load(t
     monkeypatch.setattr(sys, "path", [p for p in sys.path if p not in ("", ".", str(here))])
     assert load_reward_function("lv_beside_rewards:f")() == 1.0
     assert load_reward_function(f"{there / 'rw_sib.py'}:f")() == 2.0
+
+
+@pytest.mark.parametrize("isolate", [False, True])
+def test_a_verl_dicts_other_numbers_are_logged_and_its_acc_judges(user, isolate):
+    """verl's reward_extra_info: a compute_score dict's numbers besides "score" become the function's own
+    metrics (text such as "pred" does not), in this process and from the isolated worker alike; validation
+    and eval judge right or wrong by its "acc", as verl's val-core does."""
+    from lite_verl.loop import judged
+
+    scorer = make_scorer(RewardConfig(function=f"{user}:verl_extras", isolate=isolate))
+    try:
+        scores = scorer.score([row(answer="x"), row(answer="y")], ["x", "zz"])
+        parts = {k: v.tolist() for k, v in scorer.last_parts.items()}
+    finally:
+        scorer.close()
+    assert scores.tolist() == [1.0, -1.0]
+    assert parts == {"verl_extras/acc": [1.0, 0.0], "verl_extras/len": [1.0, 2.0]}
+
+    class Session:  # what judged reads
+        cfg = load_config("laptop", None, [f"reward.function={user}:verl_extras"])
+
+    Session.scorer = scorer
+    assert judged(Session, scores).tolist() == [1.0, 0.0]

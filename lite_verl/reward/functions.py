@@ -69,6 +69,9 @@ class RewardFunction:
     any_keyword: bool = False  # it has **kwargs
 
 
+Extras = dict[int, dict[str, float]]  # sample index -> the other numbers a verl-shaped dict returned
+
+
 class Sample(NamedTuple):
     """What a reward function may be given about one response."""
 
@@ -210,8 +213,9 @@ def _accepted(f: RewardFunction, kwargs: dict[str, Any]) -> dict[str, Any]:
 
 
 def plain(value: Any, batched: bool) -> Any:
-    """A function's answer made safe to send between processes: a dict's "score", numbers and None as they
-    are, anything else as its repr (read_values reports it)."""
+    """A function's answer made safe to send between processes: numbers and None as they are, anything else
+    as its repr (read_values reports it). A verl-shaped dict gives its "score", and {"score", "extra"} when it
+    holds other numbers too (verl's reward_extra_info, e.g. acc: logged as the function's own metrics)."""
     if batched:
         if isinstance(value, (str, bytes, dict)):
             return repr(value)
@@ -220,17 +224,33 @@ def plain(value: Any, batched: bool) -> Any:
         except TypeError:
             return repr(value)
     if isinstance(value, dict):
-        value = value.get("score")
+        extra = {str(k): _number(v) for k, v in value.items() if k != "score"}
+        extra = {k: v for k, v in extra.items() if isinstance(v, float)}  # text (a "pred") is not a metric
+        score = _number(value.get("score"))
+        return {"score": score, "extra": extra} if extra else score
+    return _number(value)
+
+
+def _number(value: Any) -> Any:
+    """A number (a bool: 0.0 or 1.0; numpy's and torch's scalars too) as a float, None as None, anything
+    else as its repr."""
     if value is None:
         return value
     if not isinstance(value, numbers.Real) and getattr(value, "ndim", None) == 0 and hasattr(value, "item"):
         value = value.item()  # a numpy or torch scalar (numpy.bool_ is not a numbers.Real)
-    return float(value) if isinstance(value, numbers.Real) else repr(value)  # a bool: 0.0 or 1.0
+    return float(value) if isinstance(value, numbers.Real) else repr(value)
 
 
-def read_values(f: RewardFunction, call: Call, value: Any, samples: Sequence[Sample]) -> list[float | None]:
-    """The checked values of one call (after `plain`): finite numbers, or None from a TRL-shaped function."""
+def read_values(
+    f: RewardFunction, call: Call, value: Any, samples: Sequence[Sample], extras: Extras | None = None
+) -> list[float | None]:
+    """The checked values of one call (after `plain`): finite numbers, or None from a TRL-shaped function.
+    A verl-shaped dict's other numbers go to `extras` by sample index."""
     if f.shape != "trl":
+        if isinstance(value, dict):
+            if extras is not None:
+                extras[call.first] = value["extra"]
+            value = value["score"]
         return [check_value(value, call.first, samples[call.first].data_source, f.spec.label)]
     if not isinstance(value, list) or len(value) != call.size:
         got = f"{len(value)} values" if isinstance(value, list) else repr(value)
@@ -268,7 +288,9 @@ def raised(e: BaseException) -> str:
     return f"{type(e).__name__}: {e}{at}"
 
 
-def call_in_process(f: RewardFunction, samples: Sequence[Sample]) -> list[float | None]:
+def call_in_process(
+    f: RewardFunction, samples: Sequence[Sample], extras: Extras | None = None
+) -> list[float | None]:
     """One value per sample, calling `f` here; a raise is a RewardError naming the sample."""
     values: list[float | None] = []
     for call in calls_of(f, samples):
@@ -278,7 +300,7 @@ def call_in_process(f: RewardFunction, samples: Sequence[Sample]) -> list[float 
             raise
         except Exception as e:  # noqa: BLE001 - the user's function may raise anything
             raise RewardError(f"{f.spec.label} raised {raised(e)} {where(f, call, samples)}") from None
-        values += read_values(f, call, plain(value, f.shape == "trl"), samples)
+        values += read_values(f, call, plain(value, f.shape == "trl"), samples, extras)
     return values
 
 
@@ -286,10 +308,14 @@ _SCORED_NOTHING: set[str] = set()  # functions already warned about
 
 
 def total_and_parts(
-    functions: Sequence[RewardFunction], values: Sequence[Sequence[float | None]], log_parts: bool
+    functions: Sequence[RewardFunction],
+    values: Sequence[Sequence[float | None]],
+    log_parts: bool,
+    extras: Sequence[Extras] = (),
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """reward[i] = sum_k weight_k * values[k][i] over the k with a value ([N] float32), and each function's
-    values by name ([N] float32, NaN for None) when log_parts."""
+    values by name ([N] float32, NaN for None) when log_parts; then, always, each extra number a verl-shaped
+    function returned as NAME/KEY ([N] float32, NaN where a sample has none)."""
     import torch
 
     n = len(values[0]) if values else 0
@@ -308,8 +334,12 @@ def total_and_parts(
     parts = {
         f.spec.name: torch.tensor([float("nan") if v is None else v for v in vals], dtype=torch.float32)
         for f, vals in zip(functions, values)
-    }
-    return torch.tensor(total, dtype=torch.float32), parts if log_parts else {}
+    } if log_parts else {}  # fmt: skip
+    for f, found in zip(functions, extras):
+        for key in sorted({k for one in found.values() for k in one}):
+            got = [found.get(i, {}).get(key, float("nan")) for i in range(n)]
+            parts[f"{f.spec.name}/{key}"] = torch.tensor(got, dtype=torch.float32)
+    return torch.tensor(total, dtype=torch.float32), parts
 
 
 def verl_compute_score(functions: Sequence[Mapping[str, Any]]) -> Callable[..., float]:
@@ -354,8 +384,9 @@ class InProcessScorer:
     def score(self, rows: Sequence[PromptRow], texts: Sequence[str]) -> torch.Tensor:
         """[N] float32."""
         samples = samples_of(rows, texts)
-        values = [call_in_process(f, samples) for f in self.functions]
-        total, self.last_parts = total_and_parts(self.functions, values, self.log_parts)
+        extras: list[Extras] = [{} for _ in self.functions]
+        values = [call_in_process(f, samples, e) for f, e in zip(self.functions, extras)]
+        total, self.last_parts = total_and_parts(self.functions, values, self.log_parts, extras)
         return total
 
     def start_step(self) -> None:

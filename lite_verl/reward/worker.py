@@ -29,6 +29,7 @@ from lite_verl.reward.functions import (
     load_function,
     plain,
     raised,
+    Extras,
     read_values,
     samples_of,
     total_and_parts,
@@ -155,21 +156,28 @@ class RewardWorker:
                 pass
         self._kill()
 
-    def score(self, index: int, f: RewardFunction, samples: Sequence[Sample]) -> list[float | None]:
+    def score(
+        self, index: int, f: RewardFunction, samples: Sequence[Sample], extras: Extras | None = None
+    ) -> list[float | None]:
         """One value per sample from function `index` (f, loaded here too); a failed call's samples get
-        the default (on_error=default) or raise."""
+        the default (on_error=default) or raise. A verl-shaped dict's other numbers go to `extras`."""
         values: list[float | None] = []
         pending = calls_of(f, samples)
         while pending:
             if self._proc is None or not self._proc.is_alive():
                 self._start()
             self._conn.send((index, pending))
-            done = self._collect(f, pending, samples, values)
+            done = self._collect(f, pending, samples, values, extras)
             pending = pending[done:]
         return values
 
     def _collect(
-        self, f: RewardFunction, calls: list[Call], samples: Sequence[Sample], out: list[float | None]
+        self,
+        f: RewardFunction,
+        calls: list[Call],
+        samples: Sequence[Sample],
+        out: list[float | None],
+        extras: Extras | None = None,
     ) -> int:
         """Answers of `calls` appended to `out`; -> the number of calls answered (or failed). Stops early,
         the failed call scored, when the worker dies or hangs."""
@@ -190,7 +198,7 @@ class RewardWorker:
                 out += self._fail(f, call, f"raised {value} {where(f, call, samples)}")
                 continue
             try:
-                out += read_values(f, call, value, samples)
+                out += read_values(f, call, value, samples, extras)
             except RewardError as e:
                 out += self._fail(f, call, None, error=e)
         return len(calls)
@@ -230,8 +238,9 @@ class IsolatedScorer:
     def score(self, rows: Sequence[PromptRow], texts: Sequence[str]) -> torch.Tensor:
         """[N] float32."""
         samples = samples_of(rows, texts)
-        values = [self.worker.score(i, f, samples) for i, f in enumerate(self.functions)]
-        total, self.last_parts = total_and_parts(self.functions, values, self.log_parts)
+        extras: list[Extras] = [{} for _ in self.functions]
+        values = [self.worker.score(i, f, samples, extras[i]) for i, f in enumerate(self.functions)]
+        total, self.last_parts = total_and_parts(self.functions, values, self.log_parts, extras)
         return total
 
     def start_step(self) -> None:
