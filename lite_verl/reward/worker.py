@@ -22,6 +22,7 @@ from lite_verl.data.schema import PromptRow
 from lite_verl.errors import RewardError
 from lite_verl.reward.functions import (
     Call,
+    Extras,
     FunctionSpec,
     RewardFunction,
     Sample,
@@ -29,7 +30,6 @@ from lite_verl.reward.functions import (
     load_function,
     plain,
     raised,
-    Extras,
     read_values,
     samples_of,
     total_and_parts,
