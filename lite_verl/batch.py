@@ -60,6 +60,9 @@ class UpdateBatch:
     group_ids: torch.Tensor  # [N] long: which prompt of the step each response answers
     baselines: torch.Tensor | None  # [N] ReMax: the reward of the prompt's greedy response
     step: int  # the training step (critic.warmup_steps counts it)
+    truncated: torch.Tensor | None = (
+        None  # [N] bool: cut by max_new_tokens (algorithm.mask_truncated_completions)
+    )
 
 
 def position_ids(attention_mask: torch.Tensor) -> torch.Tensor:

@@ -224,7 +224,7 @@ def train_step(
     keep_samples = samples is not None and samples.due(step)
     with timer.phase("update"), ledger.busy_on("train"):  # billed on every train GPU
         advantages: list[torch.Tensor] = []  # [N] each response's first-token advantage, when sampled
-        batch = UpdateBatch(rollout, scores, group_ids, baselines, step)
+        batch = UpdateBatch(rollout, scores, group_ids, baselines, step, _truncated(session, rollout))
         metrics = train_update(session, batch, advantages.append if keep_samples else None)
     with timer.phase("sync"):
         sync_s = session.engine.sync_weights(step)  # with a rollout in flight: waits for it, then loads
@@ -331,6 +331,18 @@ def train_update(
         session.kl_ctrl.value,
         lambda: run_update(local, batch, session.cfg, session.kl_ctrl, micro, group.ranks, on_advantages),
     )
+
+
+def _truncated(session: Session, rollout: RolloutBatch) -> torch.Tensor | None:
+    """[N] bool: responses that reached rollout.max_new_tokens without ending in an EOS (a stop string ends a
+    response at its own length, so one completed on the very last token counts as cut too); None unless
+    algorithm.mask_truncated_completions."""
+    if not session.cfg.algorithm.mask_truncated_completions:
+        return None
+    lengths = rollout.response_lengths()
+    last = rollout.response_ids.gather(1, (lengths - 1).clamp(min=0)[:, None])[:, 0]
+    ended = torch.isin(last, torch.tensor(sorted(session.engine.eos_ids), dtype=last.dtype))
+    return (lengths >= session.cfg.rollout.max_new_tokens) & ~ended
 
 
 def _rollout_metrics(

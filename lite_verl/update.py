@@ -283,6 +283,11 @@ def run_update(
             cfg.rollout.temperature, batch.baselines, ranks,
         )  # fmt: skip
     exp = replace(exp, horizon=cfg.rollout.max_new_tokens)  # seq-mean-token-sum-norm's T: the budget
+    if batch.truncated is not None:  # advantages above counted them; the loss below does not
+        exp = replace(
+            exp, response_mask=exp.response_mask * (~batch.truncated).to(exp.response_mask)[:, None]
+        )
+        metrics["actor/masked_truncated_frac"] = float(batch.truncated.float().mean())
     if on_advantages is not None:
         on_advantages(exp.advantages[:, 0].detach().float().cpu())
     metrics.update(timer.metrics)

@@ -483,3 +483,50 @@ def test_all_linear_adapts_every_decoder_linear_and_not_the_head():
     assert "lm_head" not in adapted
     with pytest.raises(ConfigError, match="all-linear already means every linear layer"):
         load_config("laptop", None, ["train.target_modules=[all-linear,q_proj]"])
+
+
+def test_truncated_completions_count_in_advantages_but_not_in_the_loss():
+    """algorithm.mask_truncated_completions (TRL's): GRPO's group statistics still hold the cut responses,
+    the loss does not. On-policy the ratio is 1, so the token-mean policy loss is minus the mean advantage
+    over the kept tokens: computed here from the advantages and masks alone."""
+    from lite_verl.batch import UpdateBatch
+    from lite_verl.loop import _truncated
+    from lite_verl.update import run_update
+
+    sets = SMALL + [
+        "rollout.max_new_tokens=6",
+        "algorithm.mask_truncated_completions=true",
+        "algorithm.use_kl_loss=false",
+    ]
+    session = prepare(load_config("laptop", None, sets))
+    cfg, n = session.cfg, session.cfg.rollout.n
+    from dataclasses import replace
+
+    rollout = session.engine.generate(
+        session.train_set.token_ids[:4], SamplingSettings.of(cfg.rollout), seed=3
+    )
+    ended = torch.arange(len(rollout.response_ids)) % 3 == 0  # these end in an EOS at their third token
+    ids, mask = rollout.response_ids.clone(), rollout.response_mask.clone()
+    ids[ended, 2] = min(session.engine.eos_ids)
+    mask[ended, 3:] = 0
+    rollout = replace(rollout, response_ids=ids, response_mask=mask)
+    cut = _truncated(session, rollout)
+    lengths = rollout.response_lengths()
+    assert cut.any() and (~cut).any(), "the tiny model should leave some responses cut and some ended"
+    assert bool((lengths[cut] == 6).all())
+    scores = torch.arange(len(cut), dtype=torch.float32) % 3
+    group_ids = torch.arange(4).repeat_interleave(n)
+    firsts: list[torch.Tensor] = []
+    batch = UpdateBatch(rollout, scores, group_ids, None, 1, cut)
+    metrics = run_update(
+        session.backend, batch, cfg, session.kl_ctrl, session.micro, on_advantages=firsts.append
+    )
+    grouped = scores.view(4, n)  # GRPO over every response of a group, cut ones included
+    expected_adv = (
+        (grouped - grouped.mean(1, keepdim=True)) / (grouped.std(1, keepdim=True) + 1e-6)
+    ).flatten()
+    assert torch.allclose(firsts[0], expected_adv, atol=1e-5)
+    keep = rollout.response_mask.float() * (~cut).float()[:, None]
+    expected_loss = -float((expected_adv[:, None] * keep).sum() / keep.sum())
+    assert metrics["actor/pg_loss"] == pytest.approx(expected_loss, rel=1e-4, abs=1e-6)
+    assert metrics["actor/masked_truncated_frac"] == pytest.approx(float(cut.float().mean()))

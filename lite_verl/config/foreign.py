@@ -65,7 +65,7 @@ TRL: dict[str, str] = {  # GRPOConfig / TrainingArguments
     "report_to": "trainer.loggers",
     "run_name": "trainer.experiment_name",
     "bf16": "model.dtype=bfloat16",
-    "mask_truncated_completions": "nothing yet: truncated responses are scored as they are",
+    "mask_truncated_completions": "algorithm.mask_truncated_completions",
 }
 UNSLOTH: dict[str, str] = {  # FastLanguageModel.from_pretrained / get_peft_model
     "model_name": "model.path",

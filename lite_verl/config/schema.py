@@ -322,6 +322,11 @@ class AlgorithmConfig:
         "token-mean", "how token losses add up to the batch loss (algos.agg_loss, as verl)"
     )
     entropy_coeff: float = key(0.0, "entropy bonus coefficient (loss -= coeff * entropy)")
+    mask_truncated_completions: bool = key(
+        False,
+        "responses cut by rollout.max_new_tokens (no EOS, no stop) count in their group's advantages but not "
+        "in the loss (TRL's mask_truncated_completions, DAPO's overlong filtering)",
+    )
     ppo_epochs: int = key(1, "passes over each rollout batch")
     ppo_mini_batch_size: int = key(
         0, "prompts per optimizer step; 0 = the whole batch (one step per rollout)"

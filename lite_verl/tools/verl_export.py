@@ -277,6 +277,9 @@ def _actor(cfg: Config, inp: Inputs, layout: Layout) -> list[Item]:
         Override(ROLLOUT + "log_prob_micro_batch_size_per_gpu", micro),
         *_backend(cfg, MODEL, (ACTOR + "fsdp_config.", REF + "fsdp_config.")),
     ]
+    if a.mask_truncated_completions:
+        items.append(Note("algorithm.mask_truncated_completions=true",
+                          "verl's actor has no such mask: truncated responses stay in the loss"))  # fmt: skip
     if t.pack_micro_batches:  # verl's dynamic batch size: micro-batches up to this many tokens per GPU
         budget = micro * cfg.full_length
         items += [

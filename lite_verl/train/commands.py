@@ -60,6 +60,8 @@ def batch_tensors(batch: UpdateBatch) -> dict[str, torch.Tensor]:
            "scores": batch.scores, "group_ids": batch.group_ids}  # fmt: skip
     if batch.baselines is not None:
         out["baselines"] = batch.baselines
+    if batch.truncated is not None:
+        out["truncated"] = batch.truncated.long()  # broadcast as integers
     return out
 
 
@@ -67,4 +69,7 @@ def batch_from(tensors: dict[str, torch.Tensor], step: int) -> UpdateBatch:
     """batch_tensors' inverse."""
     rollout = RolloutBatch(*(tensors[k] for k in ("prompt_ids", "prompt_mask", "response_ids",
                                                    "response_mask", "rollout_log_probs")))  # fmt: skip
-    return UpdateBatch(rollout, tensors["scores"], tensors["group_ids"], tensors.get("baselines"), step)
+    truncated = tensors["truncated"].bool() if "truncated" in tensors else None
+    return UpdateBatch(
+        rollout, tensors["scores"], tensors["group_ids"], tensors.get("baselines"), step, truncated
+    )
