@@ -88,6 +88,8 @@ def test_unknown_key_in_file(tmp_path):
         ("train.gpus=[a]", r"train.gpus\[0\] must be an int"),
         ("trainer.batch_size=0", "trainer.batch_size=0 must be > 0"),
         ("rollout.top_p=1.5", r"rollout.top_p=1.5 must be in \(0, 1\]"),
+        ("rollout.top_k=-1", r"rollout.top_k=-1 must be >= 0 \(0 = no top-k\)"),
+        ("rollout.min_p=1", r"rollout.min_p=1.0 must be in \[0, 1\)"),
         ("rollout.n=1", "rollout.n >= 2"),
         ("algorithm.loss_agg_mode=token_mean", "did you mean 'token-mean'"),
         ("algorithm.ppo_mini_batch_size=5", "must divide trainer.batch_size"),

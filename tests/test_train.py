@@ -530,3 +530,16 @@ def test_truncated_completions_count_in_advantages_but_not_in_the_loss():
     expected_loss = -float((expected_adv[:, None] * keep).sum() / keep.sum())
     assert metrics["actor/pg_loss"] == pytest.approx(expected_loss, rel=1e-4, abs=1e-6)
     assert metrics["actor/masked_truncated_frac"] == pytest.approx(float(cut.float().mean()))
+
+
+@pytest.mark.parametrize("knob", ["rollout.top_k=1", "rollout.min_p=0.999"])
+def test_top_k_and_min_p_reach_the_sampler(knob):
+    """top_k=1 (or a min_p that keeps only the likeliest token) samples the greedy response at temperature 1."""
+    session = prepare(load_config("laptop", None, SMALL + [knob]))
+    prompts = session.train_set.token_ids[:3]
+    sampled = session.engine.generate(prompts, SamplingSettings.of(session.cfg.rollout, n=2), seed=4)
+    greedy = session.engine.generate(prompts, SamplingSettings.of(session.cfg.rollout, greedy=True), seed=4)
+    assert torch.equal(sampled.response_ids, greedy.response_ids.repeat_interleave(2, 0))
+    unset = prepare(load_config("laptop", None, SMALL))
+    plain = unset.engine.generate(prompts, SamplingSettings.of(unset.cfg.rollout, n=2), seed=4)
+    assert not torch.equal(plain.response_ids, sampled.response_ids)  # without the knob it samples

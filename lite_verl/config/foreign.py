@@ -41,6 +41,8 @@ VERL: dict[str, str] = {  # Hydra keys of verl's ppo_trainer.yaml
 TRL: dict[str, str] = {  # GRPOConfig / TrainingArguments
     "learning_rate": "train.lr",
     "num_generations": "rollout.n",
+    "top_k": "rollout.top_k",
+    "min_p": "rollout.min_p",
     "max_completion_length": "rollout.max_new_tokens",
     "per_device_train_batch_size": "trainer.batch_size (prompts per step; each gets rollout.n responses)",
     "gradient_accumulation_steps": MICRO,

@@ -156,6 +156,11 @@ class RolloutConfig:
     n: int = key(8, "responses sampled per prompt (the GRPO group size)")
     temperature: float = key(1.0, "sampling temperature; the trainer divides logits by it too")
     top_p: float = key(1.0, "nucleus sampling")
+    top_k: int = key(0, "sample from the k most likely tokens only; 0 = all (TRL's top_k, verl's top_k=-1)")
+    min_p: float = key(
+        0.0,
+        "drop tokens less likely than min_p x the most likely one; 0 = off (TRL's, Unsloth's notebooks: 0.1)",
+    )
     max_new_tokens: int = key(16, "response length limit in tokens")
     stop: tuple[str, ...] = key(
         (),

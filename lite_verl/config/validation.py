@@ -128,6 +128,10 @@ def _check_rollout(cfg: Config) -> None:
     _positive("rollout.temperature", r.temperature)
     if not 0 < r.top_p <= 1:
         raise ConfigError(f"rollout.top_p={r.top_p} must be in (0, 1]")
+    if r.top_k < 0:
+        raise ConfigError(f"rollout.top_k={r.top_k} must be >= 0 (0 = no top-k)")
+    if not 0 <= r.min_p < 1:
+        raise ConfigError(f"rollout.min_p={r.min_p} must be in [0, 1) (0 = off)")
     _positive("rollout.max_new_tokens", r.max_new_tokens)
     if not 0 < r.gpu_memory_utilization <= 1:
         raise ConfigError(f"rollout.gpu_memory_utilization={r.gpu_memory_utilization} must be in (0, 1]")

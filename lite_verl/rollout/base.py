@@ -25,6 +25,8 @@ class SamplingSettings:
     n: int = 1  # responses per prompt
     temperature: float = 1.0  # 0 = greedy
     top_p: float = 1.0
+    top_k: int = 0  # 0 = every token
+    min_p: float = 0.0  # 0 = off
     max_new_tokens: int = 32
     stop: tuple[str, ...] = ()  # rollout.stop_strings: a response ends after the token that completes one
 
@@ -36,6 +38,8 @@ class SamplingSettings:
             n=1 if greedy else n or rollout.n,
             temperature=0.0 if greedy else rollout.temperature,
             top_p=rollout.top_p,
+            top_k=rollout.top_k,
+            min_p=rollout.min_p,
             max_new_tokens=rollout.max_new_tokens,
             stop=rollout.stop_strings,
         )

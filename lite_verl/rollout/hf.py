@@ -147,7 +147,8 @@ class HFRolloutEngine:
             do_sample=not greedy,
             temperature=None if greedy else sampling.temperature,
             top_p=None if greedy else sampling.top_p,
-            top_k=0,  # no top-k truncation: the model's generation_config may set one
+            top_k=0 if greedy else sampling.top_k,  # 0: none, whatever the model's generation_config says
+            min_p=None if greedy or not sampling.min_p else sampling.min_p,
             repetition_penalty=1.0,  # nor a penalty: log-probs must be of the plain softmax
             max_new_tokens=sampling.max_new_tokens,
             eos_token_id=sorted(self.eos_ids),

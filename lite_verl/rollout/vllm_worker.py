@@ -134,7 +134,7 @@ class _Server:
         self.lora: Any = None  # the current LoRARequest, or None (base weights)
 
     def generate(self, prompts: list[list[int]], n: int, temperature: float, top_p: float, max_tokens: int,
-                 seed: int, stop_ids: list[int], stop: list[str] | None = None,
+                 seed: int, stop_ids: list[int], stop: list[str] | None = None, top_k: int = 0, min_p: float = 0.0,
                  ) -> tuple[torch.Tensor, torch.Tensor, tuple[float, float]]:  # fmt: skip
         """-> token ids [N, R] (-1 = none), their log-probs, and this call's wall-clock (start, end)."""
         import time
@@ -150,6 +150,10 @@ class _Server:
                 n=n,
                 temperature=temperature,
                 top_p=top_p if temperature > 0 else 1.0,
+                top_k=top_k
+                if temperature > 0 and top_k > 0
+                else -1,  # vLLM's "all tokens" is -1 (0 in newer)
+                min_p=min_p if temperature > 0 else 0.0,
                 max_tokens=max_tokens,
                 logprobs=0,
                 seed=(seed + i) % (2**31),

@@ -38,7 +38,7 @@ VALIDATION_KEYS = frozenset({"data.val_files", "data.val_split", "data.val_size"
 # What the run optimises (sampling, advantage, loss, its schedule, the critic, the reward's definition): a
 # change midway makes metrics.jsonl two experiments under one name. A new run can start from the same config.
 OBJECTIVE_KEYS = frozenset({
-    "rollout.n", "rollout.temperature", "rollout.top_p", "rollout.max_new_tokens", "rollout.stop", "rollout.max_staleness",
+    "rollout.n", "rollout.temperature", "rollout.top_p", "rollout.top_k", "rollout.min_p", "rollout.max_new_tokens", "rollout.stop", "rollout.max_staleness",
     "train.lr_scheduler", "train.warmup_steps", "train.min_lr_ratio", "train.weight_decay",
     "train.lora_dropout", "algorithm", "critic", "reward.function", "reward.functions", "reward.model",
     "reward.url", "reward.default_score",

@@ -181,6 +181,7 @@ def _rollout(cfg: Config, layout: Layout) -> list[Item]:
         Override(ROLLOUT + "n", r.n),
         Override(ROLLOUT + "temperature", r.temperature),
         Override(ROLLOUT + "top_p", r.top_p),
+        Override(ROLLOUT + "top_k", r.top_k or -1),
         Override(ROLLOUT + "gpu_memory_utilization", r.gpu_memory_utilization),
         Override(ROLLOUT + "enforce_eager", r.enforce_eager),
         Override(ROLLOUT + "tensor_model_parallel_size", tp),
@@ -189,6 +190,10 @@ def _rollout(cfg: Config, layout: Layout) -> list[Item]:
     ]
     if r.engine == "hf":
         items.append(Note("rollout.engine=hf", "verl generates with vLLM (rollout.name=vllm)"))
+    if r.min_p:
+        items.append(
+            Note(f"rollout.min_p={r.min_p}", "verl's rollout config has no min_p: it samples without it")
+        )
     if r.stop:
         items.append(
             Note(
