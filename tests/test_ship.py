@@ -204,3 +204,21 @@ def test_export_never_replaces_what_is_not_an_earlier_export(shipped):
         "export", "run", "gguff16", "--format", "gguf", "--quant", "f16", cwd=shipped
     )  # an earlier export
     assert out.returncode == 0, out.stderr[-2000:]
+
+
+def test_modelfile_gives_ollama_the_templates_default_system_prompt(tmp_path, tiny_dir):
+    """SmolLM2's template adds "You are a helpful AI assistant named SmolLM, ..." when a conversation has no
+    system message; Ollama's TEMPLATE only renders messages, so the Modelfile says it as SYSTEM."""
+    import shutil
+
+    from lite_verl.ship.gguf import default_system_prompt, modelfile
+
+    assert default_system_prompt(tiny_dir) == ""  # lite-verl's tiny ChatML template adds none
+    model = tmp_path / "smol-like"
+    shutil.copytree(tiny_dir, model)
+    (model / "chat_template.jinja").write_text(
+        "{% if messages[0]['role'] != 'system' %}<|im_start|>system\nBe kind.<|im_end|>\n{% endif %}"
+        "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+    )
+    assert default_system_prompt(model) == "Be kind."
+    assert 'SYSTEM """Be kind."""' in modelfile(model, "model.gguf")

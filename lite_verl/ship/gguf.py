@@ -111,6 +111,32 @@ def chat_template(hf_dir: Path) -> str:
     return template if isinstance(template, str) else ""
 
 
+def default_system_prompt(hf_dir: Path) -> str:
+    """The system message the model's chat template adds to a conversation without one (SmolLM2's "You are a
+    helpful AI assistant named SmolLM, ..."), found by rendering a conversation with and without a system
+    message of our own; "" when it adds none or the template cannot be rendered."""
+    user, mine = "\x00user\x00", "\x00system\x00"
+    try:
+        from transformers import AutoTokenizer
+
+        tok = AutoTokenizer.from_pretrained(hf_dir)
+        bare = tok.apply_chat_template([{"role": "user", "content": user}], tokenize=False)
+        given = tok.apply_chat_template(
+            [{"role": "system", "content": mine}, {"role": "user", "content": user}], tokenize=False
+        )
+    except Exception:  # noqa: BLE001 - any template or tokenizer failure: no default found
+        return ""
+    if not isinstance(bare, str) or not isinstance(given, str) or mine not in given or user not in given:
+        return ""
+    before = given[: given.index(mine)]  # the system turn's opening
+    between = given[
+        given.index(mine) + len(mine) : given.index(user)
+    ]  # its close and the user turn's opening
+    if not bare.startswith(before) or between + user not in bare:
+        return ""
+    return bare[len(before) : bare.index(between + user)]
+
+
 def modelfile(hf_dir: Path, gguf_name: str) -> str:
     template = chat_template(hf_dir)
     lines = ["# Ollama: ollama create NAME -f Modelfile && ollama run NAME", f"FROM ./{gguf_name}"]
@@ -118,6 +144,9 @@ def modelfile(hf_dir: Path, gguf_name: str) -> str:
         if marker in template:
             lines.append(f'TEMPLATE """{go_template}"""')
             lines += [f'PARAMETER stop "{s}"' for s in stops]
+            system = default_system_prompt(hf_dir)
+            if system and '"""' not in system:  # Ollama's TEMPLATE renders messages only: give it the default
+                lines.append(f'SYSTEM """{system}"""')
             break
     else:
         lines.append(
