@@ -44,11 +44,14 @@ class RolloutBatch:
                        response_ids=self.response_ids[:, :r], response_mask=self.response_mask[:, :r],
                        rollout_log_probs=self.rollout_log_probs[:, :r])  # fmt: skip
 
+    def response_token_ids(self) -> list[list[int]]:
+        """Each row's valid response tokens (EOS or stop included): TRL's completion_ids."""
+        return [ids[m.bool()].tolist() for ids, m in zip(self.response_ids, self.response_mask)]
+
     def response_texts(self, tokenizer) -> list[str]:
         """Each row's valid response tokens decoded, special tokens (EOS) dropped. Only the masked
         tokens are decoded: padding ids need not be special tokens of every tokenizer."""
-        rows = [ids[m.bool()].tolist() for ids, m in zip(self.response_ids, self.response_mask)]
-        return tokenizer.batch_decode(rows, skip_special_tokens=True)
+        return tokenizer.batch_decode(self.response_token_ids(), skip_special_tokens=True)
 
 
 @dataclass(frozen=True)

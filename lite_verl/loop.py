@@ -27,6 +27,7 @@ from lite_verl.config import Config, TrainerConfig
 from lite_verl.data.loader import PromptSampler, PromptSet, load_prompt_sets
 from lite_verl.errors import RewardError, UserError
 from lite_verl.reward.base import Scorer, make_scorer
+from lite_verl.reward.functions import ScoreContext, TrainerState
 from lite_verl.rollout.base import RolloutEngine, SamplingSettings
 from lite_verl.rollout.factory import build_engine
 from lite_verl.run.console import Progress, summary_text
@@ -135,21 +136,30 @@ def step_seed(seed: int, step: int) -> int:
 
 
 def score(
-    session: Session, rows_idx: list[int], prompts: PromptSet, texts: list[str], n: int
+    session: Session,
+    rows_idx: list[int],
+    prompts: PromptSet,
+    texts: list[str],
+    n: int,
+    rollout: RolloutBatch | None = None,
+    step: int = 0,
 ) -> torch.Tensor:
-    """Rewards of `texts`, n responses per prompt row of rows_idx in order: [len(rows_idx) * n]."""
+    """Rewards of `texts`, n responses per prompt row of rows_idx in order: [len(rows_idx) * n]. The rollout's
+    token ids and the step reach TRL-shaped functions as completion_ids and trainer_state."""
     rows = [prompts.rows[i] for i in rows_idx for _ in range(n)]
-    return session.scorer.score(rows, texts)
+    ids = rollout.response_token_ids() if rollout is not None else ()
+    context = ScoreContext(ids, TrainerState(step, session.cfg.trainer.total_steps))
+    return session.scorer.score(rows, texts, context)
 
 
 def score_prompts(
-    session: Session, prompts: PromptSet, sampling: SamplingSettings, seed: int
+    session: Session, prompts: PromptSet, sampling: SamplingSettings, seed: int, step: int = 0
 ) -> tuple[torch.Tensor, list[str]]:
     """Generate sampling.n responses to every prompt of `prompts` and score them: ([len(prompts) * n], the
-    responses' texts in the same order)."""
+    responses' texts in the same order). `step`: the training step a validation follows (0: none)."""
     rollout = session.engine.generate(prompts.token_ids, sampling, seed)
     texts = rollout.response_texts(session.tokenizer)
-    return score(session, list(range(len(prompts))), prompts, texts, sampling.n), texts
+    return score(session, list(range(len(prompts))), prompts, texts, sampling.n, rollout, step), texts
 
 
 CORRECT = 1.0  # a reward at least this counts as a right answer (what the rule rewards give one)
@@ -163,7 +173,7 @@ def validate(session: Session, step: int) -> dict[str, float]:
     if not len(val):
         return {}
     sampling = SamplingSettings.of(session.cfg.rollout, greedy=True)
-    scores, _ = score_prompts(session, val, sampling, step_seed(session.cfg.trainer.seed, -1))
+    scores, _ = score_prompts(session, val, sampling, step_seed(session.cfg.trainer.seed, -1), step)
     right = judged(session, scores) >= CORRECT
     out = {"val/reward_mean": float(scores.mean()), "val/acc": float(right.float().mean())}
     sources = sorted({row.data_source for row in val.rows})
@@ -195,7 +205,8 @@ def _greedy_baselines(session: Session, rows_idx: list[int]) -> torch.Tensor:
     sampling = SamplingSettings.of(session.cfg.rollout, greedy=True)
     greedy = session.engine.generate([session.train_set.token_ids[i] for i in rows_idx], sampling, seed=0)
     texts = greedy.response_texts(session.tokenizer)
-    return score(session, rows_idx, session.train_set, texts, 1).repeat_interleave(session.cfg.rollout.n)
+    scores = score(session, rows_idx, session.train_set, texts, 1, greedy)
+    return scores.repeat_interleave(session.cfg.rollout.n)
 
 
 def train_step(
@@ -215,7 +226,7 @@ def train_step(
                 baselines = _greedy_baselines(session, rows_idx)
     with timer.phase("reward"), ledger.busy_on("reward"):
         texts = rollout.response_texts(session.tokenizer)
-        scores = score(session, rows_idx, session.train_set, texts, n)
+        scores = score(session, rows_idx, session.train_set, texts, n, rollout, step)
     group_ids = torch.arange(len(rows_idx)).repeat_interleave(n)
     with timer.phase("sleep"):
         session.engine.sleep()  # colocated vLLM frees its KV cache for the trainer

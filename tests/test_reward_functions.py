@@ -84,6 +84,9 @@ USER = textwrap.dedent(
         import numpy
         return numpy.bool_(str(ground_truth) in solution_str)
 
+    def trl_tokens(completions, completion_ids, trainer_state):  # TRL's token ids and trainer state
+        return [len(ids) + trainer_state.global_step / 1000 for ids in completion_ids]
+
     def trl_all_none(completions, **kwargs):
         return [None] * len(completions)
     """
@@ -489,3 +492,32 @@ def test_a_verl_dicts_other_numbers_are_logged_and_its_acc_judges(user, isolate)
 
     Session.scorer = scorer
     assert judged(Session, scores).tolist() == [1.0, 0.0]
+
+
+@pytest.mark.parametrize("isolate", [False, True])
+def test_trl_functions_get_completion_ids_and_trainer_state(user, isolate):
+    """TRL passes completion_ids and trainer_state (its global_step) to reward functions; so does lite-verl,
+    in this process and through the isolated worker."""
+    from lite_verl.reward.functions import ScoreContext, TrainerState
+
+    scorer = make_scorer(RewardConfig(function=f"{user}:trl_tokens", isolate=isolate))
+    try:
+        got = scorer.score([row()] * 2, ["a", "bc"], ScoreContext([[5], [6, 7]], TrainerState(3, 10)))
+    finally:
+        scorer.close()
+    assert got.tolist() == pytest.approx([1.003, 2.003])
+
+
+def test_the_loop_gives_the_rollouts_token_ids_and_step(tmp_path, user):
+    """In training, completion_ids are the responses' tokens (EOS included) and trainer_state the step: a
+    reward of len(completion_ids) + step / 1000 is the mean response length plus the step, every step."""
+    from lite_verl.loop import prepare, run_training
+    from lite_verl.run.rundir import RunDir, read_metrics
+
+    cfg = load_config("laptop", None, [*SMALL, "trainer.total_steps=2", f"reward.function={user}:trl_tokens"])
+    session = prepare(cfg)
+    run = RunDir(tmp_path / "run")
+    run.create(cfg)
+    run_training(session, run)
+    for m in (m for m in read_metrics(run.path) if "reward/mean" in m):
+        assert m["reward/mean"] == pytest.approx(m["response_length/mean"] + m["step"] / 1000, abs=1e-4)

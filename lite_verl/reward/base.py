@@ -4,6 +4,7 @@
     scorer.bill_to(ledger)                 # a reward model's device is billed while it is loaded
     scorer.start_step()                    # each step: release a reward model idle past keep_alive_s
     scores = scorer.score(rows, texts)     # [N] float32; rows[i] is the prompt row of texts[i]
+    scorer.score(rows, texts, context)     # with the token ids and step (TRL's completion_ids, trainer_state)
     scorer.last_parts                      # {name: [N] float32} of that score, one per reward.functions entry
     scorer.close()                         # end of run: stop the worker, release the model
 
@@ -30,6 +31,7 @@ from lite_verl.data.schema import PromptRow
 
 if TYPE_CHECKING:
     from lite_verl.config import RewardConfig
+    from lite_verl.reward.functions import ScoreContext
     from lite_verl.run.cost import Ledger
 
 
@@ -41,8 +43,11 @@ class Scorer(Protocol):
     # empty unless reward.functions is set. The loop logs them as reward/NAME/mean.
     last_parts: dict[str, torch.Tensor]
 
-    def score(self, rows: Sequence[PromptRow], texts: Sequence[str]) -> torch.Tensor:
-        """One reward per response: [N] float32, texts[i] answering rows[i]; a bad score is a RewardError."""
+    def score(
+        self, rows: Sequence[PromptRow], texts: Sequence[str], context: ScoreContext | None = None
+    ) -> torch.Tensor:
+        """One reward per response: [N] float32, texts[i] answering rows[i]; a bad score is a RewardError.
+        `context`: the responses' token ids and the step, which TRL-shaped functions may take."""
         ...
 
     def start_step(self) -> None:

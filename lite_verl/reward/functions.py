@@ -72,6 +72,20 @@ class RewardFunction:
 Extras = dict[int, dict[str, float]]  # sample index -> the other numbers a verl-shaped dict returned
 
 
+class TrainerState(NamedTuple):
+    """TRL's trainer_state as its reward functions read it (a curriculum on the step, say)."""
+
+    global_step: int = 0  # the training step being scored (0: before training, validation and eval)
+    max_steps: int = 0  # trainer.total_steps
+
+
+class ScoreContext(NamedTuple):
+    """What a scoring knows besides the texts: TRL's completion_ids and trainer_state."""
+
+    completion_ids: Sequence[Sequence[int]] = ()  # per response; empty: not known (a test, a bench)
+    state: TrainerState = TrainerState()
+
+
 class Sample(NamedTuple):
     """What a reward function may be given about one response."""
 
@@ -81,6 +95,8 @@ class Sample(NamedTuple):
     extra_info: dict[str, Any]
     prompt: Any  # TRL's prompt: the text, or the chat messages when the dataset's prompt was chat messages
     columns: dict[str, Any]  # the dataset's other columns
+    completion_ids: tuple[int, ...] = ()  # the response's token ids (TRL's completion_ids)
+    trainer_state: TrainerState = TrainerState()  # the same for every sample of a step
 
 
 class Call(NamedTuple):
@@ -174,10 +190,14 @@ def trl_completion(s: Sample) -> Any:
     return s.solution_str if isinstance(s.prompt, str) else [{"role": "assistant", "content": s.solution_str}]
 
 
-def samples_of(rows: Sequence[PromptRow], texts: Sequence[str]) -> list[Sample]:
+def samples_of(
+    rows: Sequence[PromptRow], texts: Sequence[str], context: ScoreContext | None = None
+) -> list[Sample]:
+    ids = context.completion_ids if context is not None and context.completion_ids else [()] * len(texts)
+    state = context.state if context is not None else TrainerState()
     return [
-        Sample(r.data_source, t, r.ground_truth, r.extra_info, trl_prompt(r), r.columns)
-        for r, t in zip(rows, texts)
+        Sample(r.data_source, t, r.ground_truth, r.extra_info, trl_prompt(r), r.columns, tuple(i), state)
+        for r, t, i in zip(rows, texts, ids)
     ]
 
 
@@ -199,11 +219,14 @@ def calls_of(f: RewardFunction, samples: Sequence[Sample]) -> list[Call]:
         offered.setdefault(name, [s.columns.get(name) for s in samples])
     offered.setdefault("ground_truth", [s.ground_truth for s in samples])
     offered.setdefault("data_source", [s.data_source for s in samples])
+    offered.setdefault("completion_ids", [list(s.completion_ids) for s in samples])
+    offered.setdefault("trainer_state", samples[0].trainer_state if samples else TrainerState())  # one object
     missing = sorted(f.required - offered.keys())
     if missing:
         raise RewardError(
             f"{f.spec.label} takes {missing[0]!r}, which is not given: a TRL-shaped function gets prompts, "
-            f"completions, ground_truth, data_source and the dataset's columns ({', '.join(offered)})"
+            f"completions, completion_ids, trainer_state, ground_truth, data_source and the dataset's columns "
+            f"({', '.join(offered)})"
         )
     return [Call((), _accepted(f, offered), 0, len(samples))]
 
@@ -381,9 +404,11 @@ class InProcessScorer:
     log_parts: bool = False  # reward.functions: keep each function's values for its metric
     last_parts: dict[str, torch.Tensor] = field(default_factory=dict)
 
-    def score(self, rows: Sequence[PromptRow], texts: Sequence[str]) -> torch.Tensor:
+    def score(
+        self, rows: Sequence[PromptRow], texts: Sequence[str], context: ScoreContext | None = None
+    ) -> torch.Tensor:
         """[N] float32."""
-        samples = samples_of(rows, texts)
+        samples = samples_of(rows, texts, context)
         extras: list[Extras] = [{} for _ in self.functions]
         values = [call_in_process(f, samples, e) for f, e in zip(self.functions, extras)]
         total, self.last_parts = total_and_parts(self.functions, values, self.log_parts, extras)

@@ -113,8 +113,8 @@ class RewardModelScorer:
         self.reward_model = reward_model
         self.last_parts: dict[str, torch.Tensor] = {}  # one source, no parts
 
-    def score(self, rows: Sequence[PromptRow], texts: Sequence[str]) -> torch.Tensor:
-        """[N] float32."""
+    def score(self, rows: Sequence[PromptRow], texts: Sequence[str], context: object = None) -> torch.Tensor:
+        """[N] float32 (the model reads the texts: `context` is not needed)."""
         values = self.reward_model.score([r.messages for r in rows], list(texts))
         return torch.tensor(values, dtype=torch.float32)
 

@@ -26,6 +26,7 @@ from lite_verl.reward.functions import (
     FunctionSpec,
     RewardFunction,
     Sample,
+    ScoreContext,
     calls_of,
     load_function,
     plain,
@@ -235,9 +236,11 @@ class IsolatedScorer:
     log_parts: bool = False  # reward.functions: keep each function's values for its metric
     last_parts: dict[str, torch.Tensor] = field(default_factory=dict)
 
-    def score(self, rows: Sequence[PromptRow], texts: Sequence[str]) -> torch.Tensor:
+    def score(
+        self, rows: Sequence[PromptRow], texts: Sequence[str], context: ScoreContext | None = None
+    ) -> torch.Tensor:
         """[N] float32."""
-        samples = samples_of(rows, texts)
+        samples = samples_of(rows, texts, context)
         extras: list[Extras] = [{} for _ in self.functions]
         values = [self.worker.score(i, f, samples, extras[i]) for i, f in enumerate(self.functions)]
         total, self.last_parts = total_and_parts(self.functions, values, self.log_parts, extras)
