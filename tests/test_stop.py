@@ -40,7 +40,11 @@ def test_a_typed_backslash_n_in_rollout_stop_is_a_newline():
     assert cfg.rollout.stop_strings == ("\n\nQuestion:", "END")
     assert SamplingSettings.of(cfg.rollout).stop == ("\n\nQuestion:", "END")
     assert SamplingSettings.of(cfg.rollout, greedy=True) == SamplingSettings(
-        n=1, temperature=0.0, max_new_tokens=cfg.rollout.max_new_tokens, stop=("\n\nQuestion:", "END")
+        n=1,
+        temperature=0.0,
+        max_new_tokens=cfg.rollout.max_new_tokens,
+        stop=("\n\nQuestion:", "END"),
+        log_probs=False,
     )
 
 

@@ -145,6 +145,13 @@ def test_a_rollout_larger_than_one_scheduler_step_samples_reproducibly():
         assert first.response_ids.shape[0] == len(prompts)
         assert first.response_mask.sum(1).min() > 0
         assert torch.equal(first.response_ids, again.response_ids)
+        # a rollout that is only scored asks for no log-probs: the same tokens, zeros where they would be
+        bare = session.engine.generate(
+            prompts, SamplingSettings(n=1, max_new_tokens=8, log_probs=False), seed=11
+        )
+        assert torch.equal(bare.response_ids, first.response_ids)
+        assert (first.rollout_log_probs * first.response_mask).abs().sum() > 0
+        assert bare.rollout_log_probs.abs().sum() == 0
     finally:
         session.engine.close()
 

@@ -27,19 +27,26 @@ class SamplingSettings:
     top_p: float = 1.0
     top_k: int = 0  # 0 = every token
     min_p: float = 0.0  # 0 = off
+    # the sampled tokens' log-probs: the update needs them (rollout correction, the trainer/rollout gap); a
+    # rollout that is only scored (validation, eval, ReMax's greedy baseline) does not, and vLLM then skips
+    # building them per token (zeros in RolloutBatch.rollout_log_probs)
+    log_probs: bool = True
     max_new_tokens: int = 32
     stop: tuple[str, ...] = ()  # rollout.stop_strings: a response ends after the token that completes one
 
     @classmethod
-    def of(cls, rollout: RolloutConfig, greedy: bool = False, n: int | None = None) -> SamplingSettings:
-        """The run's sampling (rollout.*); greedy: one temperature-0 response per prompt (validation);
-        n: another group size (eval's k)."""
+    def of(
+        cls, rollout: RolloutConfig, greedy: bool = False, n: int | None = None, log_probs: bool | None = None
+    ) -> SamplingSettings:
+        """The run's sampling (rollout.*); greedy: one temperature-0 response per prompt (validation), without
+        log-probs unless asked; n: another group size (eval's k)."""
         return cls(
             n=1 if greedy else n or rollout.n,
             temperature=0.0 if greedy else rollout.temperature,
             top_p=rollout.top_p,
             top_k=rollout.top_k,
             min_p=rollout.min_p,
+            log_probs=not greedy if log_probs is None else log_probs,
             max_new_tokens=rollout.max_new_tokens,
             stop=rollout.stop_strings,
         )

@@ -222,7 +222,7 @@ class VLLMRolloutEngine:
         greedy_copies = sampling.n if sampling.temperature == 0 else 1  # vLLM wants n=1 when greedy
         kwargs = dict(
             prompts=prompts, n=sampling.n // greedy_copies, temperature=sampling.temperature, top_p=sampling.top_p,
-            top_k=sampling.top_k, min_p=sampling.min_p,
+            top_k=sampling.top_k, min_p=sampling.min_p, logprobs=sampling.log_probs,
             max_tokens=sampling.max_new_tokens, seed=seed, stop_ids=self.eos_ids, stop=list(sampling.stop),
         )  # fmt: skip
         return kwargs, greedy_copies

@@ -135,8 +135,10 @@ class _Server:
 
     def generate(self, prompts: list[list[int]], n: int, temperature: float, top_p: float, max_tokens: int,
                  seed: int, stop_ids: list[int], stop: list[str] | None = None, top_k: int = 0, min_p: float = 0.0,
+                 logprobs: bool = True,
                  ) -> tuple[torch.Tensor, torch.Tensor, tuple[float, float]]:  # fmt: skip
-        """-> token ids [N, R] (-1 = none), their log-probs, and this call's wall-clock (start, end)."""
+        """-> token ids [N, R] (-1 = none), their log-probs (zeros unless `logprobs`), and this call's
+        wall-clock (start, end)."""
         import time
 
         from vllm import SamplingParams
@@ -155,7 +157,7 @@ class _Server:
                 else -1,  # vLLM's "all tokens" is -1 (0 in newer)
                 min_p=min_p if temperature > 0 else 0.0,
                 max_tokens=max_tokens,
-                logprobs=0,
+                logprobs=0 if logprobs else None,
                 seed=(seed + i) % (2**31),
                 stop_token_ids=stop_ids,
                 stop=stop or None,  # the engine's cut_at_stop decides where a response ends; this stops early
@@ -168,7 +170,7 @@ class _Server:
         outs = self.llm.generate(
             [tokens_prompt(p) for p in prompts], params, lora_request=self.lora, use_tqdm=False
         )
-        rows = [(list(c.token_ids), sampled_logprobs(c)) for o in outs for c in o.outputs]
+        rows = [(list(c.token_ids), sampled_logprobs(c) if logprobs else []) for o in outs for c in o.outputs]
         width = max(1, max(len(t) for t, _ in rows))
         ids = torch.full((len(rows), width), -1, dtype=torch.long)
         lps = torch.zeros((len(rows), width), dtype=torch.float32)

@@ -96,7 +96,7 @@ def evaluate(
             "with --set 'data.val_split=train[-200:]', or for a built-in task set data.val_size > 0"
         )
     r = cfg.rollout
-    greedy, sampled = SamplingSettings.of(r, greedy=True), SamplingSettings.of(r, n=k)
+    greedy, sampled = SamplingSettings.of(r, greedy=True), SamplingSettings.of(r, n=k, log_probs=False)
     seed = step_seed(cfg.trainer.seed, -2)
     g, texts = score_prompts(session, val, greedy, seed)
     g_judged = judged(session, g, judge)
