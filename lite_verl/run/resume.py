@@ -30,7 +30,7 @@ CHECKPOINT_KEYS = frozenset({
 DATA_ORDER_KEYS = frozenset({
     "trainer.seed", "trainer.batch_size", "data.train_files", "data.subset", "data.split",
     "data.prompt_key", "data.answer_key", "data.system_prompt", "data.prompt_template",
-    "data.apply_chat_template", "data.data_source", "data.skip_bad_rows", "data.task", "data.task_size",
+    "data.apply_chat_template", "data.chat_template", "data.data_source", "data.skip_bad_rows", "data.task", "data.task_size",
     "data.max_prompt_length", "data.filter_overlong_prompts", "data.shuffle",
 })  # fmt: skip
 # The validation set: summary.json compares the first validation with the last, which needs one set.
