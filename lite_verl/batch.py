@@ -48,10 +48,11 @@ class RolloutBatch:
         """Each row's valid response tokens (EOS or stop included): TRL's completion_ids."""
         return [ids[m.bool()].tolist() for ids, m in zip(self.response_ids, self.response_mask)]
 
-    def response_texts(self, tokenizer) -> list[str]:
+    def response_texts(self, tokenizer, token_ids: list[list[int]] | None = None) -> list[str]:
         """Each row's valid response tokens decoded, special tokens (EOS) dropped. Only the masked
-        tokens are decoded: padding ids need not be special tokens of every tokenizer."""
-        return tokenizer.batch_decode(self.response_token_ids(), skip_special_tokens=True)
+        tokens are decoded: padding ids need not be special tokens of every tokenizer. `token_ids`: the
+        rows' response_token_ids(), when the caller has them already."""
+        return tokenizer.batch_decode(token_ids or self.response_token_ids(), skip_special_tokens=True)
 
 
 @dataclass(frozen=True)
@@ -63,9 +64,8 @@ class UpdateBatch:
     group_ids: torch.Tensor  # [N] long: which prompt of the step each response answers
     baselines: torch.Tensor | None  # [N] ReMax: the reward of the prompt's greedy response
     step: int  # the training step (critic.warmup_steps counts it)
-    truncated: torch.Tensor | None = (
-        None  # [N] bool: cut by max_new_tokens (algorithm.mask_truncated_completions)
-    )
+    # [N] bool: cut by max_new_tokens (algorithm.mask_truncated_completions); None: nothing masked
+    truncated: torch.Tensor | None = None
 
 
 def position_ids(attention_mask: torch.Tensor) -> torch.Tensor:

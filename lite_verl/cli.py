@@ -499,7 +499,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
     if args.keys:  # each key's value under the given --preset/--recipe/--set (the defaults with none)
         from lite_verl.config.convert import flat_values
 
-        values = flat_values(_load(args, out=sys.stderr)[0])
+        values = flat_values(to_dict(_load(args, out=sys.stderr)[0]))
         for key, comment in describe():
             value = values.get(key, "")
             shown = (
@@ -740,9 +740,8 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("lite-verl: interrupted", file=sys.stderr)
         return 130
-    except (
-        BrokenPipeError
-    ):  # the reader left (`lite-verl recipes | head`): stop quietly, as a pipe's writer does
+    except BrokenPipeError:
+        # the reader left (`lite-verl recipes | head`): stop quietly, as a pipe's writer does
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error at exit's flush
         return 141  # 128 + SIGPIPE
     except OSError as e:

@@ -136,20 +136,16 @@ def step_seed(seed: int, step: int) -> int:
 
 
 def score(
-    session: Session,
-    rows_idx: list[int],
-    prompts: PromptSet,
-    texts: list[str],
-    n: int,
-    rollout: RolloutBatch | None = None,
-    step: int = 0,
-) -> torch.Tensor:
-    """Rewards of `texts`, n responses per prompt row of rows_idx in order: [len(rows_idx) * n]. The rollout's
-    token ids and the step reach TRL-shaped functions as completion_ids and trainer_state."""
+    session: Session, rows_idx: list[int], prompts: PromptSet, rollout: RolloutBatch, n: int, step: int = 0
+) -> tuple[torch.Tensor, list[str]]:
+    """Rewards of the rollout's responses, n per prompt row of rows_idx in order: ([len(rows_idx) * n], their
+    texts). The token ids (read once, for the texts too) and the step reach TRL-shaped functions as
+    completion_ids and trainer_state."""
     rows = [prompts.rows[i] for i in rows_idx for _ in range(n)]
-    ids = rollout.response_token_ids() if rollout is not None else ()
+    ids = rollout.response_token_ids()
+    texts = rollout.response_texts(session.tokenizer, ids)
     context = ScoreContext(ids, TrainerState(step, session.cfg.trainer.total_steps))
-    return session.scorer.score(rows, texts, context)
+    return session.scorer.score(rows, texts, context), texts
 
 
 def score_prompts(
@@ -158,8 +154,7 @@ def score_prompts(
     """Generate sampling.n responses to every prompt of `prompts` and score them: ([len(prompts) * n], the
     responses' texts in the same order). `step`: the training step a validation follows (0: none)."""
     rollout = session.engine.generate(prompts.token_ids, sampling, seed)
-    texts = rollout.response_texts(session.tokenizer)
-    return score(session, list(range(len(prompts))), prompts, texts, sampling.n, rollout, step), texts
+    return score(session, list(range(len(prompts))), prompts, rollout, sampling.n, step)
 
 
 CORRECT = 1.0  # a reward at least this counts as a right answer (what the rule rewards give one)
@@ -200,12 +195,11 @@ def judged(session: Session, scores: torch.Tensor, judge: str = "") -> torch.Ten
     return torch.where(acc.isnan(), judged_values, acc)
 
 
-def _greedy_baselines(session: Session, rows_idx: list[int]) -> torch.Tensor:
+def _greedy_baselines(session: Session, rows_idx: list[int], step: int) -> torch.Tensor:
     """ReMax: the reward of the greedy response to each prompt, repeated for its n samples. [N]"""
     sampling = SamplingSettings.of(session.cfg.rollout, greedy=True)
     greedy = session.engine.generate([session.train_set.token_ids[i] for i in rows_idx], sampling, seed=0)
-    texts = greedy.response_texts(session.tokenizer)
-    scores = score(session, rows_idx, session.train_set, texts, 1, greedy)
+    scores, _ = score(session, rows_idx, session.train_set, greedy, 1, step)
     return scores.repeat_interleave(session.cfg.rollout.n)
 
 
@@ -223,10 +217,9 @@ def train_step(
         baselines = None
         if session.cfg.algorithm.adv_estimator == "remax":
             with ledger.busy_on("rollout"):
-                baselines = _greedy_baselines(session, rows_idx)
+                baselines = _greedy_baselines(session, rows_idx, step)
     with timer.phase("reward"), ledger.busy_on("reward"):
-        texts = rollout.response_texts(session.tokenizer)
-        scores = score(session, rows_idx, session.train_set, texts, n, rollout, step)
+        scores, texts = score(session, rows_idx, session.train_set, rollout, n, step)
     group_ids = torch.arange(len(rows_idx)).repeat_interleave(n)
     with timer.phase("sleep"):
         session.engine.sleep()  # colocated vLLM frees its KV cache for the trainer

@@ -63,39 +63,26 @@ def describe(cls: type = Config, prefix: str = "") -> list[tuple[str, str]]:
     return out
 
 
-def flat_values(cfg: Config) -> dict[str, Any]:
-    """Every dotted key's value in `cfg` (as to_dict writes them); a mapping-valued key is one value."""
-    mappings = _mapping_set()
-    out: dict[str, Any] = {}
-
-    def walk(d: typing.Mapping[str, Any], prefix: str) -> None:
-        for k, v in d.items():
-            dotted = f"{prefix}{k}"
-            if isinstance(v, dict) and dotted not in mappings:
-                walk(v, dotted + ".")
-            else:
-                out[dotted] = v
-
-    walk(to_dict(cfg), "")
-    return out
-
-
 @functools.cache  # the schema is fixed; every layer a config is built from asks
 def where_keys(cls: type = Config, prefix: str = "") -> frozenset[str]:
     """The dotted keys that say where and how things run (schema `key(..., where=True)`): a preset's."""
     return frozenset(k for k, _, f in _sections(cls, prefix) if f is not None and f.metadata.get("where"))
 
 
-def set_keys(data: typing.Mapping[str, Any], prefix: str = "") -> list[str]:
+def set_keys(data: typing.Mapping[str, Any]) -> list[str]:
     """The dotted keys a layer (nested dict) sets; a mapping-valued key (cost.price_per_hour) is one key."""
-    mappings = _mapping_set()
-    out = []
+    return list(flat_values(data))
+
+
+def flat_values(data: typing.Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    """A layer or to_dict(config) as {dotted key: value}; a mapping-valued key is one value."""
+    out: dict[str, Any] = {}
     for k, v in data.items():
         dotted = f"{prefix}{k}"
-        if isinstance(v, dict) and dotted not in mappings:
-            out.extend(set_keys(v, dotted + "."))
+        if isinstance(v, dict) and dotted not in _mapping_set():
+            out.update(flat_values(v, dotted + "."))
         else:
-            out.append(dotted)
+            out[dotted] = v
     return out
 
 

@@ -292,6 +292,11 @@ class TrainConfig:
     )
 
     @property
+    def all_linear(self) -> bool:
+        """target_modules=[all-linear]: peft's every linear layer but the head (validation keeps it alone)."""
+        return ALL_LINEAR in self.target_modules
+
+    @property
     def full_finetune(self) -> bool:
         """Every weight trains (fsdp, deepspeed: train/full.py), rather than an adapter (lora, qlora)."""
         return self.backend in FULL_BACKENDS

@@ -214,7 +214,7 @@ def _check_train(t: TrainConfig) -> None:
         raise ConfigError(
             "train.target_modules is empty; name the linear layers LoRA adapts, e.g. [q_proj, v_proj]"
         )
-    if ALL_LINEAR in t.target_modules and len(t.target_modules) > 1:
+    if t.all_linear and len(t.target_modules) > 1:
         raise ConfigError(
             f"train.target_modules={list(t.target_modules)}: {ALL_LINEAR} already means every linear layer; "
             f"give it alone or name the layers"

@@ -29,14 +29,15 @@ KINDS = "a local Hugging Face model directory, a Hub id (org/name), a .gguf file
 
 
 def check_model_path(cfg: ModelConfig) -> None:
-    """model.path names a tiny model, a Hub id, or an existing .gguf file or model directory (nothing loaded
-    or downloaded: `lite-verl validate` asks); else the ModelError resolve_model_path would give."""
+    """model.path names a tiny model, a Hub id, or an existing .gguf file or model directory; else one line.
+    Nothing is loaded or downloaded: `lite-verl validate` asks, and resolve_model_path before its work."""
     if cfg.path.startswith("tiny:") or _hub_id(cfg) is not None:
         return
     path = Path(cfg.path).expanduser()
-    if cfg.path.lower().endswith(".gguf") and not path.is_file():
-        raise ModelError(f"model.path={cfg.path!r} does not exist; give the path of a .gguf file")
-    if not cfg.path.lower().endswith(".gguf") and not path.is_dir():
+    if cfg.path.lower().endswith(".gguf"):
+        if not path.is_file():
+            raise ModelError(f"model.path={cfg.path!r} does not exist; give the path of a .gguf file")
+    elif not path.is_dir():
         raise ModelError(f"model.path={cfg.path!r} does not exist; give {KINDS}")
 
 
@@ -49,6 +50,7 @@ def resolve_model_path(cfg: ModelConfig) -> Path:
         if arch not in ("qwen2", "llama"):
             raise ModelError(f"model.path={cfg.path!r}: tiny models are tiny:qwen2 or tiny:llama")
         return resolve_tiny(cfg.path)
+    check_model_path(cfg)
     path = Path(cfg.path).expanduser()
     hub = _hub_id(cfg)
     if hub is not None:
@@ -56,13 +58,9 @@ def resolve_model_path(cfg: ModelConfig) -> Path:
 
         path = resolve_hub(*hub)
     elif cfg.path.lower().endswith(".gguf"):
-        if not path.is_file():
-            raise ModelError(f"model.path={cfg.path!r} does not exist; give the path of a .gguf file")
         from lite_verl.model.gguf import imported_gguf
 
         path = imported_gguf(path, cfg.dtype)
-    elif not path.is_dir():
-        raise ModelError(f"model.path={cfg.path!r} does not exist; give {KINDS}")
     config_file = path / "config.json"
     if not config_file.is_file():
         ggufs = sorted(p.name for p in path.glob("*.gguf"))

@@ -69,7 +69,8 @@ class RemoteScorer:
         self.last_parts: dict[str, torch.Tensor] = {}  # one source, no parts
 
     def score(self, rows: Sequence[PromptRow], texts: Sequence[str], context: object = None) -> torch.Tensor:
-        """[N] float32 (verl's four fields are sent: `context` is not); on a failure with on_error=default: a warning and default_score for every item."""
+        """[N] float32 (verl's four fields are sent, `context` is not); on a failure with on_error=default: a
+        warning and default_score for every item."""
         items = [{"data_source": r.data_source, "solution_str": t, "ground_truth": r.ground_truth,
                   "extra_info": r.extra_info} for r, t in zip(rows, texts)]  # fmt: skip
         try:

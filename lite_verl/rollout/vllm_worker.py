@@ -152,9 +152,8 @@ class _Server:
                 n=n,
                 temperature=temperature,
                 top_p=top_p if temperature > 0 else 1.0,
-                top_k=top_k
-                if temperature > 0 and top_k > 0
-                else -1,  # vLLM's "all tokens" is -1 (0 in newer)
+                # vLLM's "all tokens" is -1 (newer versions take 0 too)
+                top_k=top_k if temperature > 0 and top_k > 0 else -1,
                 min_p=min_p if temperature > 0 else 0.0,
                 max_tokens=max_tokens,
                 logprobs=0 if logprobs else None,

@@ -128,10 +128,9 @@ def default_system_prompt(hf_dir: Path) -> str:
         return ""
     if not isinstance(bare, str) or not isinstance(given, str) or mine not in given or user not in given:
         return ""
-    before = given[: given.index(mine)]  # the system turn's opening
-    between = given[
-        given.index(mine) + len(mine) : given.index(user)
-    ]  # its close and the user turn's opening
+    at = given.index(mine)
+    before = given[:at]  # the system turn's opening
+    between = given[at + len(mine) : given.index(user)]  # its close and the user turn's opening
     if not bare.startswith(before) or between + user not in bare:
         return ""
     return bare[len(before) : bare.index(between + user)]

@@ -39,7 +39,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from lite_verl.config import ALL_LINEAR, Config
+from lite_verl.config import Config
 from lite_verl.config.validation import train_world
 
 GIB = 2**30
@@ -184,7 +184,7 @@ def train_parts(cfg: Config, shape: Shape) -> dict[str, float]:
     lora = shape.layers * sum(
         t.lora_rank * (i + o)
         for k, (i, o) in shape.linears().items()
-        if k in t.target_modules or ALL_LINEAR in t.target_modules
+        if t.all_linear or k in t.target_modules
     )
     static = {"train weights": weights / GIB, "LoRA + grads + AdamW": lora * 16 / GIB}
     if t.full_finetune:

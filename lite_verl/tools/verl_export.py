@@ -342,7 +342,7 @@ def _backend(cfg: Config, model: str, fsdp_configs: Sequence[str]) -> list[Item]
         # verl takes peft's all-linear as a string
         Override(
             model + "target_modules",
-            ALL_LINEAR if ALL_LINEAR in t.target_modules else tuple(t.target_modules),
+            ALL_LINEAR if t.all_linear else tuple(t.target_modules),
         ),
     ]
     if model == MODEL:

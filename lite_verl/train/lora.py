@@ -81,7 +81,7 @@ class LoraBackend:
 
         self.device = device
         names = {n.rsplit(".", 1)[-1] for n, _ in base.named_modules()}
-        every = cfg.target_modules == (ALL_LINEAR,)
+        every = cfg.all_linear
         missing = [] if every else [m for m in cfg.target_modules if m not in names]
         if missing:
             raise ConfigError(
