@@ -12,6 +12,8 @@ timed after a warm-up. Variants change one thing each:
   exact_fp32 the fused path with the fp32 head on fp32 cores (no tensor cores: the 1bbebdb code)
   micro32    the default at 32 sequences per forward/backward instead of the preset's 8
   fp32_adapters the default with the LoRA adapters computing in fp32 (no autocast: the code before 2026-12-05)
+  peft_casts the default with peft's input casts: each adapter's bf16 input copied to fp32 and back under
+             autocast (the code from 2026-12-05 to train/lora.keep_input_dtype, 2026-12-07)
   no_ckpt    the default without gradient checkpointing
   grown      train.grow_micro_batch=true with gradient_checkpointing=auto, decided by the plan for a 24 GiB card
              as `lite-verl train` decides them (the micro-batch and checkpointing it chose are printed)
@@ -43,6 +45,7 @@ VARIANTS = {
     "micro32": ["train.micro_batch_size=32"],
     "no_ckpt": ["train.gradient_checkpointing=false"],
     "fp32_adapters": [],
+    "peft_casts": [],
     "grown": ["train.grow_micro_batch=true", "train.gradient_checkpointing=auto"],
 }
 
@@ -96,6 +99,10 @@ def measure(variant: str, model_dir: Path, args) -> dict[str, float]:
     backend = build_rank_backend(cfg, model_dir, device, 1)
     if variant == "plain":
         backend.fused_head = False
+    if variant in ("fp32_adapters", "peft_casts"):
+        from lite_verl.train.lora import keep_input_dtype
+
+        keep_input_dtype(backend.model, False)  # peft casts each adapter's input to fp32 again
     if variant == "fp32_adapters":
         backend.compute_dtype = None  # peft's own fp32 adapter maths, as before train/lora.py's autocast
     from lite_verl.train import head

@@ -12,6 +12,7 @@ from lite_verl.config import load_config
 from lite_verl.loop import prepare, train_step
 from lite_verl.rollout.base import SamplingSettings
 from lite_verl.rollout.hf import left_pad, response_mask_after_eos
+from lite_verl.train.lora import keep_input_dtype
 
 
 def test_response_mask_stops_after_first_eos():
@@ -422,6 +423,8 @@ def test_bf16_model_runs_its_adapters_in_bf16_with_fp32_master_weights():
     seen = []
     lora_a = next(m for n, m in backend.model.named_modules() if n.endswith("lora_A.default"))
     lora_a.register_forward_hook(lambda mod, args, out: seen.append(out.dtype))
+    inputs = []
+    lora_a.register_forward_pre_hook(lambda mod, args: inputs.append(args[0].dtype))
     ids = torch.randint(3, 200, (2, 24), generator=torch.Generator().manual_seed(0))
     lp, _ = backend.forward(ids, torch.ones_like(ids), 12, 1.0, True)
     assert seen and set(seen) == {torch.bfloat16}
@@ -430,6 +433,15 @@ def test_bf16_model_runs_its_adapters_in_bf16_with_fp32_master_weights():
         p.dtype == torch.float32 and p.grad is not None and p.grad.dtype == torch.float32
         for p in backend.params
     )
+    # the adapters' inputs stay bf16 (no fp32 copy by peft that autocast casts back): the same numbers
+    grads = [p.grad.clone() for p in backend.params]
+    backend.zero_grad()
+    keep_input_dtype(backend.model, False)  # peft's input cast back on, autocast as before
+    with_casts, _ = backend.forward(ids, torch.ones_like(ids), 12, 1.0, True)
+    with_casts.sum().backward()
+    assert inputs == [torch.bfloat16, torch.float32]
+    assert torch.equal(lp, with_casts)
+    assert all(torch.allclose(g, p.grad, rtol=1e-6, atol=1e-8) for g, p in zip(grads, backend.params))
     backend.compute_dtype = None  # peft's own way: the adapters in fp32
     seen.clear()
     with torch.no_grad():
@@ -437,6 +449,7 @@ def test_bf16_model_runs_its_adapters_in_bf16_with_fp32_master_weights():
     assert set(seen) == {torch.float32}
     assert (lp.detach() - fp32_adapters).abs().max() < 0.1  # bf16 rounding of the adapters' small products
     backend.compute_dtype = torch.bfloat16
+    keep_input_dtype(backend.model)
     seen.clear()  # the HF rollout engine samples under the same autocast: its log-probs are the trainer's
     session.engine.generate(session.train_set.token_ids[:1], SamplingSettings(n=2, max_new_tokens=4), 1)
     assert seen and set(seen) == {torch.bfloat16}
