@@ -130,7 +130,21 @@ def measure(variant: str, model_dir: Path, args) -> dict[str, float]:
         out["peak_gib"] = torch.cuda.max_memory_allocated(device) / 2**30
         out["plan_alloc_gib"] = plan(cfg, shape)[0].train_alloc_gib
         out["micro_batch_size"] = float(cfg.train.micro_batch_size)
+    print(f"{variant}: " + ", ".join(f"{k} {v:.3f}" for k, v in out.items()), flush=True)
+    if args.profile:
+        profiled(variant, backend, batch, cfg, kl, micro, gpu, args)
+    del backend
+    if gpu:
+        torch.cuda.empty_cache()
+    return out
+
+
+def profiled(variant, backend, batch, cfg, kl, micro, gpu: bool, args) -> None:
+    """One more update under torch.profiler: its top operators (minutes of host time for a host-bound
+    update's ~100k events, hence optional) and, with --trace, its chrome trace."""
     from torch.profiler import ProfilerActivity, profile
+
+    from lite_verl.update import run_update
 
     acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if gpu else [])
     with profile(activities=acts) as prof:
@@ -142,10 +156,6 @@ def measure(variant: str, model_dir: Path, args) -> dict[str, float]:
     if args.trace:
         args.trace.mkdir(parents=True, exist_ok=True)
         prof.export_chrome_trace(str(args.trace / f"{variant}.json"))
-    del backend
-    if gpu:
-        torch.cuda.empty_cache()
-    return out
 
 
 def main() -> None:
@@ -158,6 +168,7 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=1)
     ap.add_argument("--max-token-id", type=int, default=512, help="random tokens below this id")
     ap.add_argument("--variants", default="fused,exact_fp32,micro32,plain,bf16_head,no_ckpt")
+    ap.add_argument("--profile", action="store_true", help="also profile one update per variant (slow)")
     ap.add_argument("--trace", type=Path, help="write each variant's chrome trace here")
     ap.add_argument("--root", default="/tmp/models")
     ap.add_argument("--model", default="", help="a model directory instead of the --size shape / tiny model")
@@ -169,7 +180,6 @@ def main() -> None:
     cmd = " ".join(["python -m bench.profile_update", *sys.argv[1:]])
     for variant in args.variants.split(","):
         r = measure(variant, model_dir, args)
-        print(f"{variant}: " + ", ".join(f"{k} {v:.3f}" for k, v in r.items()), flush=True)
         settings = (
             f"{variant}: one GRPO update (LoRA, preset {'4090x1' if torch.cuda.is_available() else 'laptop'}), "
             f"{args.rows} rows x ({args.prompt} prompt + {args.response} response) random tokens, no KL"
