@@ -14,6 +14,11 @@ memory every 100 ms (every process on it). Variants change where and how only:
              generates, and vLLM takes its KV cache back only after
 Rows: the measured peak, the plan's predicted peak and its error (goal 4), the steady step time (after the
 first step) and its phases. Targets: <= 10 GiB at 7B, <= 4 GiB at 1.5B, a 7B step <= 12 s.
+The AWQ copy is calibrated once by `lite-verl quantize --max-prompts N` (--calib-prompts, 16 by default: the
+weights are random, so the calibration's quality is moot, and AutoAWQ's default of the run's first 512 prompts
+takes a 7B model most of a 10-minute call) in a child process, then given as rollout.quantized_path. Prompts
+are cut at 128 tokens (data.max_prompt_length, every variant; the echo task's are shorter), so vLLM's KV
+cache is sized for 128 + 256 tokens a row.
 Needs bitsandbytes and AutoAWQ beside vLLM (stage ../shared/gpu/sets/bnb.txt and awq.txt too). This process
 never touches the card (the model is built by a child process), so the card's peak is the run's alone. One
 variant per call at 7B (a first AutoAWQ calibration, the 7B load and vLLM's start take minutes).
@@ -54,9 +59,29 @@ def built_model(size: str, root: Path) -> tuple[Path, str]:
     return Path(path), label
 
 
+def quantized(model: Path, prompts: int) -> Path:
+    """The model's AWQ copy, calibrated on `prompts` built-in prompts by `lite-verl quantize` in a child
+    process (it allocates on the card); reused when already written."""
+    out = model.parent / f"{model.name}-awq-calib{prompts}"
+    if not (out / "config.json").is_file():
+        cmd = [
+            sys.executable,
+            "-m",
+            "lite_verl",
+            "quantize",
+            str(model),
+            str(out),
+            "--max-prompts",
+            str(prompts),
+        ]
+        subprocess.run(cmd, check=True)
+    return out
+
+
 def run_variant(name: str, model: Path, args: argparse.Namespace) -> dict[str, float]:
     card = card_gib()
-    sets = [f"model.path={model}", "train.backend=qlora", "trainer.batch_size=16", "rollout.n=8",
+    sets = [f"model.path={model}", f"rollout.quantized_path={quantized(model, args.calib_prompts)}",
+            "data.max_prompt_length=128", "train.backend=qlora", "trainer.batch_size=16", "rollout.n=8",
             "rollout.max_new_tokens=256", f"trainer.total_steps={args.steps}", "data.val_size=0",
             "trainer.progress=false", "trainer.keep_checkpoints=0", "data.task=echo",
             f"rollout.gpu_memory_utilization={0.35 * CARD_GIB / card:.4f}", *VARIANTS[name], *args.set]  # fmt: skip
@@ -80,6 +105,7 @@ def main() -> None:
     ap.add_argument("--variants", default="preset,kv_auto,offload", help=f"of {', '.join(VARIANTS)}")
     ap.add_argument("--set", action="append", default=[], help="KEY=VALUE for every variant (where/how only)")
     ap.add_argument("--root", type=Path, default=Path("/tmp/lite-verl-bench-models"))
+    ap.add_argument("--calib-prompts", type=int, default=16, help="prompts calibrating the AWQ copy")
     ap.add_argument("--warm", action="store_true",
                     help="build the model and calibrate its AWQ copy (one step of the first variant), record nothing: "
                          "run beside other GPU work, then measure alone with the cache warm")  # fmt: skip
@@ -93,7 +119,8 @@ def main() -> None:
     for name in args.variants.split(","):
         out = run_variant(name, model, args)
         print(name, {k: round(v, 3) for k, v in out.items()}, flush=True)
-        settings = (f"4090x1 preset, qlora + AWQ rollout, 16 prompts x 8 x 256 new tokens, {args.steps} steps "
+        settings = (f"4090x1 preset, qlora + AWQ rollout (calibrated on {args.calib_prompts} prompts), 16 prompts x 8 "
+                    f"x 256 new tokens, prompts <= 128 tokens, {args.steps} steps "
                     f"(steady: after the first), variant {name}: {' '.join(VARIANTS[name]) or 'as shipped'}"
                     f"{' ' + ' '.join(args.set) if args.set else ''}")  # fmt: skip
         for metric, value in out.items():

@@ -16,6 +16,7 @@
 #   bash bench/gpu_session.sh big       # bench/big_train.py: 7B qlora / 3B fsdp offload under a 24 GiB cap vs the plan
 #                                       #   (big fsdp16:7b 1 32: one step, micro-batch 32)
 #   bash bench/gpu_session.sh trl 10    # bench/vs_trl.py --gpu: lite-verl vs TRL GRPOTrainer, vLLM colocated (trl set)
+#                                       #   (trl 6 1.5b merged 1 unsloth: Unsloth's GRPO as well, UNSLOTH=1 gpu_stage.sh)
 #   bash bench/gpu_session.sh profile   # bench/profile_update.py: one LoRA update, fused / plain head, ckpt on/off
 #   bash bench/gpu_session.sh peak 7b   # bench/card_peak.py: the 4090x1 qlora + AWQ GRPO's device-wide peak, loading
 #                                       #   included, and step time: preset / kv_auto / offload (peak 7b 4 offload: one)
@@ -64,7 +65,14 @@ case "${1:-}" in
            for d in s0 s1; do mkdir -p $X/split_$d; cp /tmp/lite-verl-split/$d/{metrics.jsonl,summary.json} /tmp/lite-verl-split/$d/report/*.png $X/split_$d/ 2>/dev/null; done ;;
   big)     limit python3 -m bench.big_train --variants "${2:-qlora:7b,fsdp:3b,fsdp:7b}" --steps "${3:-3}" --micro "${4:-8}" 2>&1 | tee "$OUT/big.log" | grep -vE "^(INFO|WARNING|\(|\[)"
            cp /tmp/lite-verl-big/*.log $X/ 2>/dev/null ;;
-  trl)     limit python3 -m bench.vs_trl --gpu --steps "${2:-10}" --size "${3:-1.5b}" --sync "${4:-adapter}" --sleep-level "${5:-1}" 2>&1 | tee "$OUT/trl.log" | grep -vE "^(INFO|WARNING|\(|\[)" | tail -40
+  trl)     U=()  # trl STEPS SIZE SYNC LEVEL unsloth: Unsloth's GRPO too (UNSLOTH=1 bash bench/gpu_stage.sh carried it)
+           if [ "${6:-}" = unsloth ]; then
+             if [ ! -d /tmp/site_uns ]; then
+               mkdir -p /tmp/uns && cat $(ls /tmp/mparts/models.tar.part.* | sort) | tar xf - -C /tmp/uns ./uns
+               python3 -m pip install -q --no-deps --no-index --target /tmp/site_uns /tmp/uns/uns/*.whl || exit 1
+             fi
+             U=(--unsloth-site /tmp/site_uns); fi
+           limit python3 -m bench.vs_trl --gpu --steps "${2:-10}" --size "${3:-1.5b}" --sync "${4:-adapter}" --sleep-level "${5:-1}" "${U[@]}" 2>&1 | tee "$OUT/trl.log" | grep -vE "^(INFO|WARNING|\(|\[)" | tail -40
            cp /tmp/lite-verl-vs-trl.log $X/ 2>/dev/null ;;
   peakwarm) rm -rf /tmp/lvw && mkdir /tmp/lvw && tar -C "$PWD" --exclude=./.stage -cf - . | tar -C /tmp/lvw -xf - && rm -f /tmp/peakwarm.rc
            (cd /tmp/lvw && PYTHONPATH=/tmp/site:/tmp/lvw setsid nohup python3 -m bench.card_peak --warm --size "${2:-7b}" --variants "${3:-offload}" \

@@ -20,8 +20,12 @@ SMOLLM2=${SMOLLM2:-1}  # SMOLLM2=0: Gemma's GGUF alone (no SmolLM2, no GSM8K: on
 # STAGE_SET=small leaves vLLM out (1 MiB in .stage/c1, for EXTRA_SETS=rollout.engine=hf runs of gpu_recipes.sh:
 # 3 calls in all instead of 12, when device time is short)
 # EXTRA_SETS="bnb awq": more of ../shared/gpu/sets/ (bench/card_peak.py's QLoRA + AWQ run needs those two)
+# UNSLOTH=1: Unsloth's set too, and its pins trl 1.15 + datasets 4.8.5 as loose wheels in the models tar's uns/
+#   (`bash bench/gpu_session.sh trl STEPS SIZE SYNC LEVEL unsloth` installs them into /tmp/site_uns, first on the
+#   path of bench/vs_trl.py's Unsloth side only; ../shared/gpu/sets/unsloth.txt says why)
+UNSLOTH=${UNSLOTH:-0}
 VLLM_SET="$SHARED/gpu/sets/vllm.txt"; [ "${STAGE_SET:-}" = small ] && VLLM_SET=
-MORE=$(for s in ${EXTRA_SETS:-}; do echo "$SHARED/gpu/sets/$s.txt"; done)
+MORE=$(for s in ${EXTRA_SETS:-} $([ "$UNSLOTH" = 1 ] && echo unsloth); do echo "$SHARED/gpu/sets/$s.txt"; done)
 CHUNK_MB=60 bash "$SHARED/gpu/stage.sh" $VLLM_SET $MORE gguf==0.19.0 datasets==5.2.0 dill==0.4.1 multiprocess==0.70.19
 
 work=$(mktemp -d); trap 'rm -rf "$work"' EXIT
@@ -42,6 +46,7 @@ fi
 # greedy accuracy 0 on 2026-12-05 and 12-07, where the CPU's 5.19 import scored 0.14), and import-gguf now refuses it:
 # 5.19's wheel travels with the models and gpu_recipes.sh imports with it alone (vLLM and training keep the machine's)
 pip download -q --no-deps -d "$work/models" transformers==5.19.0
+if [ "$UNSLOTH" = 1 ]; then mkdir -p "$work/models/uns"; pip download -q --no-deps -d "$work/models/uns" trl==1.15.0 datasets==4.8.5; fi
 tar cf "$work/models.tar" -C "$work/models" .
 (cd "$work" && sha256sum models.tar > models.tar.sha256)
 split -b 60M -d -a 2 "$work/models.tar" "$work/models.tar.part."

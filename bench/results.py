@@ -101,7 +101,21 @@ NOTES = {  # what a reader must know about a table that its rows do not say
     " 2026-12-05, CPU (2 cores), the real SmolLM2-135M-Instruct under the laptop preset, 32 rows x 64 tokens"
     " (`--model`): 35.6 s with checkpointing, 28.7 s without (-19%, the lever train.gradient_checkpointing=auto"
     " takes where the plan has room). The CPU update is compute-bound: 82% of it is matmuls at ~56 GFLOP/s, the"
-    " rate this machine's 2 cores reach on one large fp32 matmul (59 GFLOP/s), so only fewer FLOPs make it faster.",
+    " rate this machine's 2 cores reach on one large fp32 matmul (59 GFLOP/s), so only fewer FLOPs make it faster."
+    " 2026-12-07, one H100 (all figures of one call are comparable, not across calls): the lever of 7ef6616,"
+    " the adapters' inputs kept bf16 under autocast (train/lora.keep_input_dtype; peft had copied each adapted"
+    " linear's input to fp32 and autocast copied it back), at 32 rows per forward/backward: 4.97 s -> 4.18 s"
+    " (-16%, two repeats each: 4.945/4.990 vs 4.193/4.168), peak 6.26 -> 5.77 GiB, same numbers (a CPU test"
+    " checks the log-probs equal and the gradients equal). At the preset's 8 rows the update is host-bound and"
+    " the lever is lost in the scatter (peft_casts 9.13 s, then 10.22 s with the lever, one run each; a first"
+    " call measured peft_casts 9.68 s). More rows per forward/backward is the larger lever: 8 -> 32 rows 10.2"
+    " -> 4.2 s, and train.grow_micro_batch (the plan's choice for a 24 GiB card: 128 rows, checkpointing kept)"
+    " 3.88 s at a 13.4 GiB peak. Without checkpointing (32 rows) 3.26 s but 35.2 GiB: not on a 24 GiB card."
+    " Goal 4 (plan within 10% of the trainer's measured peak): 32 rows +6% (6.12 vs 5.77), 128 rows -1.3%"
+    " (13.26 vs 13.43), 8 rows +5% (4.34 vs 4.13); without checkpointing +21% (42.8 vs 35.2: the"
+    " no-recompute activation count, measured on a CPU in fp32, is high for bf16 on a GPU; on the safe side,"
+    " refusing nothing that fits on a 24 GiB card here). `--profile` adds torch.profiler tables: its"
+    " key_averages over a host-bound update's ~100k events took minutes and cut the first call.",
     "signals": "#24's GPU acceptance, bench/gpu_signals.sh, on one H200 shared with three recipe jobs: the 4090x1 "
     "preset (bf16 rollout, eager vLLM) stopped after step 2 by `timeout -s TERM` and by SIGINT to the whole "
     "process group exits 143 and 130, says a checkpoint was written, and leaves no process of the run. The "
@@ -254,7 +268,14 @@ NOTES = {  # what a reader must know about a table that its rows do not say
     "flat lists (SamplingParams.flat_logprobs, which lite-verl now asks for) 10.2k (+1.6%, within the runs' ~10% "
     "spread), no log-probs at all 11.5k (+15%). So the container is not where the log-probs cost; not asking for them "
     "is. lite-verl (flat, one run) 9.7k = 0.97 of bare with dicts. Not yet measured on a GPU "
-    "(bash bench/gpu_session.sh rollout).",
+    "(bash bench/gpu_session.sh rollout)."
+    " 2026-12-07, one H100 (e0dae4a): lite-verl 5.7k vs bare 11.0k tokens/s (0.52) is NOT a like-for-like"
+    " pair: bench/rollout.py built lite-verl's engine from the laptop preset, whose sync.mode=adapter starts"
+    " vLLM with LoRA enabled (punica kernels on every layer, in eager mode), and the bare engine without."
+    " Since 3bb4fd6 both engines get the same settings (--sync merged|adapter decides LoRA for both; the fp32"
+    " head and prefix caching too) and lite-verl's side runs --rounds times as well. Inside training (vs_trl"
+    " rows of the same day, CUDA graphs, merged sync) the rollout ran at 34-37k tokens/s on its fast steps;"
+    " goal 2's >= 90% of standalone awaits the fixed bench on a GPU.",
     "sync_memory": "With eager adapter loads and a rollout every 100 syncs. The worker's RSS rises ~24 MiB "
     "over the first 100 syncs, 8 MiB over the next 400 and 2 MiB over the last 500: flattening, not "
     "linear; one adapter version is left in /dev/shm.",
@@ -358,7 +379,24 @@ NOTES = {  # what a reader must know about a table that its rows do not say
     " same torch kernels on 2 cores, so a 10x gap cannot come from the engine; it would need less work per"
     " token (no recompute: -19% of the update, which auto checkpointing now takes where RAM allows)."
     " Same settings with lite-verl's laptop default engine (HF generate, `--engine hf`, 99a55bc): 1.17x steady"
-    " tokens/s (33.2 vs 28.3; steps 102 vs 123 s), 1.07x over all 4 steps; still far from 10x.",
+    " tokens/s (33.2 vs 28.3; steps 102 vs 123 s), 1.07x over all 4 steps; still far from 10x."
+    " 2026-12-07 (e0dae4a: the lever of 7ef6616, adapters' inputs kept bf16; one H100; `bash"
+    " bench/gpu_session.sh trl 6 1.5b merged`: 32 x 8 x <= 256 tokens, both sides 32 rows per"
+    " forward/backward with checkpointing, vLLM merged weights on both, 6 steps, steady = after 2): lite-verl"
+    " 1.51x TRL by steady step (5.27 vs 7.98 s) and by steady tokens/s (25.6k vs 16.9k), 1.46x over all"
+    " steps. NEGATIVE against #29's 2x, up from 0.99x (253e42b, H200). Both generated ~65.5k tokens a step"
+    " (a random model almost never stops). lite-verl's step: rollout 1.78 + update 3.19 + sync 0.17 s"
+    " (medians). Device-wide peak 30.3 vs 31.1 GiB (lite-verl below TRL, goal 2's first half against TRL;"
+    " Unsloth is not in this bench); plan 27.4 GiB, -9.5% (goal 4, just inside). So the sentence above"
+    " ('same work with the same kernels') was wrong: part of lite-verl's update was peft's fp32 input copies"
+    " (how TRL sets up its adapters was not inspected); TRL also runs its default vLLM importance-sampling"
+    " correction (its logs carry sampling/importance_sampling_ratio), a no-grad forward per step that"
+    " lite-verl's verl maths does not make here (no correction asked for). The"
+    " same call, second run with train.grow_micro_batch=true + gradient_checkpointing=auto on lite-verl's side"
+    " (the plan chose 128 rows, checkpointing kept, so TRL's checkpointing stays a like-for-like choice): 1.47x"
+    " by steady step (5.71 vs 8.41 s), 1.36x overall; its update 3.01 s (from 3.19) but its rollouts were"
+    " bimodal, 1.84-1.91 s (34-36k tokens/s) on 3 steps and 2.73-2.96 s on 4 (metrics.jsonl of the run), cause"
+    " not found yet: with every rollout at the fast mode the step would be ~5.2 s.",
 }
 FIELDS = ("bench", "date", "commit", "hardware", "model", "settings", "metric", "value", "unit", "command")
 

@@ -176,18 +176,34 @@ def trl_figures(logs: list[dict], wall: float, s: Shared) -> tuple[dict[str, flo
 
 
 def trl(model: str, steps: int, s: Shared, gpu: bool, seed: int = 0) -> dict[str, float]:
+    """TRL's GRPOTrainer on the model as transformers loads it, with a peft LoRA config."""
     import torch
-    from datasets import Dataset
     from peft import LoraConfig
-    from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
-    from trl import GRPOTrainer
+    from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from lite_verl.config import ModelConfig
-    from lite_verl.data.tasks import task_rows
     from lite_verl.model.load import resolve_model_path
-    from lite_verl.reward.rules import echo_score
 
     path = resolve_model_path(ModelConfig(path=model))
+    lm = AutoModelForCausalLM.from_pretrained(path, dtype=torch.bfloat16 if gpu else torch.float32)
+    lora = LoraConfig(r=s.rank, lora_alpha=32, target_modules="all-linear", task_type="CAUSAL_LM")
+    with PeakGpuMemory() if gpu else contextlib.nullcontext() as mem:
+        out, curve = grpo_run(lm, AutoTokenizer.from_pretrained(path), lora, steps, s, gpu, seed)
+    if gpu:
+        out["peak_gpu_memory_gib"] = mem.peak_gib
+    CURVES.setdefault("TRL", []).append(curve)
+    return out
+
+
+def grpo_run(lm, tokenizer, lora, steps: int, s: Shared, gpu: bool, seed: int):
+    """One TRL GRPOTrainer run on the echo task (TRL's own, or Unsloth's patched one) -> (figures, curve)."""
+    from datasets import Dataset
+    from transformers import TrainerCallback
+    from trl import GRPOTrainer
+
+    from lite_verl.data.tasks import task_rows
+    from lite_verl.reward.rules import echo_score
+
     rows = task_rows("echo", s.prompts * steps, seed, "train")
     data = Dataset.from_list(
         [{"prompt": [dict(m) for m in r.messages], "ground_truth": r.ground_truth} for r in rows]
@@ -209,22 +225,66 @@ def trl(model: str, steps: int, s: Shared, gpu: bool, seed: int = 0) -> dict[str
     if gpu:
         single_process_group_env()
     trainer = GRPOTrainer(
-        model=AutoModelForCausalLM.from_pretrained(path, dtype=torch.bfloat16 if gpu else torch.float32),
-        reward_funcs=reward, args=trl_config(s, steps, gpu, seed), train_dataset=data,
-        processing_class=AutoTokenizer.from_pretrained(path), callbacks=[Keep()],
-        peft_config=LoraConfig(r=s.rank, lora_alpha=32, target_modules="all-linear", task_type="CAUSAL_LM"),
+        model=lm, reward_funcs=reward, args=trl_config(s, steps, gpu, seed), train_dataset=data,
+        processing_class=tokenizer, callbacks=[Keep()], **({"peft_config": lora} if lora is not None else {}),
     )  # fmt: skip
     t0 = time.perf_counter()
-    with PeakGpuMemory() if gpu else contextlib.nullcontext() as mem:
-        trainer.train()
+    trainer.train()
     out, rewards = trl_figures(logs, time.perf_counter() - t0, s)
-    if gpu:
-        out["peak_gpu_memory_gib"] = mem.peak_gib
     logged = [x for x in logs if "completions/mean_length" in x]
-    CURVES.setdefault("TRL", []).append(
-        [(i + 1, x["_wall_s"], r) for i, (x, r) in enumerate(zip(logged, rewards))]
-    )
-    return out
+    return out, [(i + 1, x["_wall_s"], r) for i, (x, r) in enumerate(zip(logged, rewards))]
+
+
+UNSLOTH_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+
+
+def unsloth(model: str, steps: int, s: Shared, seed: int, site: str) -> dict[str, float]:
+    """Unsloth's GRPO (its patched TRL GRPOTrainer; fast_inference: its own colocated vLLM serving the
+    LoRA adapter) in a child process, `site` first on its path: Unsloth pins trl<=1.15 and datasets<5, which
+    ../shared/gpu/sets/unsloth.txt carries beside this bench's TRL 1.16. Its peak is sampled like the others."""
+    import json
+    import os
+    import subprocess
+    import sys
+    import tempfile
+
+    out = Path(tempfile.mkdtemp(prefix="lite-verl-vs-unsloth-")) / "figures.json"
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(p for p in (site, os.environ.get("PYTHONPATH", "")) if p),
+    }
+    # Unsloth before anything imports transformers, peft or TRL: it patches them on import
+    first = "import unsloth; from bench.vs_trl import main; main()"
+    cmd = [sys.executable, "-c", first, "--unsloth-child", str(out), "--model", model,
+           "--steps", str(steps), "--seed", str(seed), "--warmup", str(WARMUP[0])]  # fmt: skip
+    with PeakGpuMemory() as mem:
+        subprocess.run(cmd, env=env, check=True)
+    result = json.loads(out.read_text())
+    result["figures"]["peak_gpu_memory_gib"] = mem.peak_gib
+    CURVES.setdefault("Unsloth", []).append([tuple(p) for p in result["curve"]])
+    return result["figures"]
+
+
+def unsloth_child(out: Path, model: str, steps: int, seed: int) -> None:
+    """The child's side of unsloth() (Unsloth already imported: it patches transformers and TRL), then the
+    same GRPOConfig and echo task as TRL's side, with Unsloth's defaults where it has its own (its
+    gradient checkpointing, its vLLM's LoRA)."""
+    import json
+
+    import torch
+    from unsloth import FastLanguageModel  # imported first of all by unsloth()'s command line
+
+    s = GPU
+    lm, tokenizer = FastLanguageModel.from_pretrained(
+        model_name=model, max_seq_length=128 + s.new_tokens, load_in_4bit=False, fast_inference=True,
+        max_lora_rank=s.rank, gpu_memory_utilization=0.3, dtype=torch.bfloat16,
+    )  # fmt: skip
+    lm = FastLanguageModel.get_peft_model(
+        lm, r=s.rank, lora_alpha=32, target_modules=UNSLOTH_TARGETS, use_gradient_checkpointing="unsloth",
+        random_state=seed,
+    )  # fmt: skip
+    figures, curve = grpo_run(lm, tokenizer, None, steps, s, True, seed)
+    out.write_text(json.dumps({"figures": figures, "curve": curve}))
 
 
 def mean_curve(runs: list[list[tuple[int, float, float]]]) -> list[tuple[int, float, float]]:
@@ -257,6 +317,11 @@ def describe(args: argparse.Namespace, s: Shared) -> tuple[str, str, str]:
         settings = (f"CPU, {gen}, echo task, {s.prompts} prompts x {s.n}, <= {s.new_tokens} new tokens, LoRA r={s.rank}, "
                     f"lr {s.lr}, no KL, {args.steps} steps; TRL {trl_pkg.__version__}")  # fmt: skip
         label = args.model
+    if args.unsloth_site:
+        settings += (f"; Unsloth {site_version(args.unsloth_site, 'unsloth')} (fast_inference: its vLLM serving the "
+                     "adapter; its own gradient checkpointing; trl "
+                     f"{site_version(args.unsloth_site, 'trl')})")  # fmt: skip
+        cmd += f" --unsloth-site {args.unsloth_site}"
     if args.set:
         settings += f"; lite-verl also --set {' '.join(args.set)}"
         cmd += "".join(f" --set {kv}" for kv in args.set)
@@ -265,13 +330,22 @@ def describe(args: argparse.Namespace, s: Shared) -> tuple[str, str, str]:
     return label, settings, cmd
 
 
+def site_version(site: str, package: str) -> str:
+    """A package's version as installed in `site` (not importable here: Unsloth's side runs in a child)."""
+    from importlib.metadata import distributions
+
+    found = [d.version for d in distributions(path=[site]) if d.metadata["Name"].lower() == package]
+    return found[0] if found else "?"
+
+
 def alternate(model: str, args: argparse.Namespace, s: Shared, record) -> dict[str, list[dict[str, float]]]:
     """Each side's runs, args.repeats of them, who goes first alternating; run i uses seed i on both sides
     (data order, sampling). A single run per side is recorded at once: a run cut short keeps the side
     that finished."""
-    runs: dict[str, list[dict[str, float]]] = {"lite_verl": [], "trl": []}
+    sides = ("lite_verl", "trl", "unsloth") if args.unsloth_site else ("lite_verl", "trl")
+    runs: dict[str, list[dict[str, float]]] = {who: [] for who in sides}
     for i in range(args.repeats):
-        for who in ("lite_verl", "trl") if i % 2 == 0 else ("trl", "lite_verl"):
+        for who in sides if i % 2 == 0 else sides[::-1]:
             if who == "lite_verl":
                 r = lite_verl(
                     model,
@@ -284,8 +358,10 @@ def alternate(model: str, args: argparse.Namespace, s: Shared, record) -> dict[s
                     args.engine,
                     tuple(args.set),
                 )
-            else:
+            elif who == "trl":
                 r = trl(model, args.steps, s, args.gpu, i)
+            else:
+                r = unsloth(model, args.steps, s, i, args.unsloth_site)
             runs[who].append(r)
             if args.repeats == 1:
                 record(who, r)
@@ -317,6 +393,15 @@ def parse_args() -> argparse.Namespace:
         metavar="KEY=VALUE",
         help="lite-verl's side only: a where/how lever (e.g. rollout.kv_cache_gib=auto, train.grow_micro_batch=true)",
     )
+    ap.add_argument(
+        "--unsloth-site",
+        default="",
+        help="--gpu: also run Unsloth's GRPO, with this directory (Unsloth, trl 1.15, datasets 4.x) first on its path",
+    )
+    ap.add_argument(
+        "--unsloth-child", type=Path, help=argparse.SUPPRESS
+    )  # unsloth(): the child's output file
+    ap.add_argument("--seed", type=int, default=0, help=argparse.SUPPRESS)  # the child's seed
     ap.add_argument("--engine", default="hf", choices=("hf", "vllm"), help="CPU: lite-verl's rollout engine")
     ap.add_argument("--prompts", type=int, default=0, help="CPU: prompts per step (0: 16)")
     ap.add_argument("--new-tokens", type=int, default=0, help="CPU: max new tokens (0: 16)")
@@ -341,6 +426,15 @@ def append_ratios(runs: dict[str, list[dict[str, float]]], median: dict[str, dic
         pairs = [a["tokens_per_s"] / b["tokens_per_s"] for a, b in zip(runs["lite_verl"], runs["trl"])]
         row("pair_ratio_min", min(pairs))
         row("pair_ratio_max", max(pairs))
+    if "unsloth" in median:  # the same three ratios against Unsloth (#29 goal 1 asks for both peers)
+        un = median["unsloth"]
+        row("lite_verl_over_unsloth_tokens_per_s", lv["tokens_per_s"] / un["tokens_per_s"])
+        if "steady_step_s" in lv and "steady_step_s" in un:
+            row("unsloth_over_lite_verl_steady_step_s", un["steady_step_s"] / lv["steady_step_s"])
+            row(
+                "lite_verl_over_unsloth_steady_tokens_per_s",
+                lv["steady_tokens_per_s"] / un["steady_tokens_per_s"],
+            )
     return ratio
 
 
@@ -364,6 +458,11 @@ UNITS = {
 def main() -> None:
     args = parse_args()
     WARMUP[0] = args.warmup
+    if args.unsloth_child:
+        unsloth_child(args.unsloth_child, args.model, args.steps, args.seed)
+        return
+    if args.unsloth_site and not args.gpu:
+        raise SystemExit("--unsloth-site: Unsloth's GRPO runs on a GPU only (add --gpu)")
     s = GPU if args.gpu else CPU
     if not args.gpu:  # a real model on the CPU (#29 goal 5) takes other lengths and a real-model lr
         s = replace(
