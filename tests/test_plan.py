@@ -283,7 +283,7 @@ def test_auto_checkpointing_is_off_only_where_the_plan_fits_without_it_with_room
     assert decide(off, smollm2, {}) is off
     # a 24 GB card: a 1.5B LoRA at 4 rows has room without it (vLLM's budget is the peak), a 7B one does not
     gpu = load_config("4090x1", None, ["train.gradient_checkpointing=auto", "rollout.quantization=none",
-                                       "train.micro_batch_size=4"])  # fmt: skip
+                                       "train.micro_batch_size=4", "train.grow_micro_batch=false"])  # fmt: skip
     monkeypatch.setattr(plan_mod, "host_total_gib", lambda: 64.0)
     assert decide(gpu, QWEN_1_5B, {}).train.gradient_checkpointing is False
     assert decide(gpu, QWEN_7B, {}).train.gradient_checkpointing is True
@@ -312,7 +312,7 @@ def test_grow_micro_batch_doubles_while_the_plan_fits_with_room_up_to_a_mini_bat
 
     monkeypatch.setattr(plan_mod, "host_total_gib", lambda: 64.0)
     decide = plan_mod.decide_memory_knobs
-    grow = ["train.grow_micro_batch=true", "rollout.quantization=none"]
+    grow = ["train.grow_micro_batch=true", "rollout.quantization=none", "train.gradient_checkpointing=true"]
     cfg = load_config("4090x1", None, grow)
     rows = cfg.trainer.batch_size * cfg.rollout.n
     small = decide(cfg, QWEN_1_5B, {})
@@ -339,9 +339,11 @@ def test_grow_micro_batch_doubles_while_the_plan_fits_with_room_up_to_a_mini_bat
     both = load_config("4090x1", None, [*grow, "train.gradient_checkpointing=auto"])
     chosen = decide(both, QWEN_1_5B, {})
     assert chosen.train.micro_batch_size >= size
-    assert (
-        decide(load_config("4090x1", None, []), QWEN_1_5B, {}).train.micro_batch_size == 8
-    )  # off: unchanged
+    off = load_config("4090x1", None, ["train.grow_micro_batch=false", "train.gradient_checkpointing=true"])
+    assert decide(off, QWEN_1_5B, {}) is off  # nothing to decide: unchanged
+    # the 4090x1 preset as shipped grows it (and decides checkpointing): the plan's 64 rows, recompute kept
+    shipped = decide(load_config("4090x1", None, ["rollout.quantization=none"]), QWEN_1_5B, {})
+    assert (shipped.train.micro_batch_size, shipped.train.gradient_checkpointing) == (64, True)
 
 
 def test_kv_cache_auto_sizes_vllm_to_one_rollout_and_the_plan_adds_its_parts(monkeypatch):
