@@ -26,7 +26,8 @@ SMOLLM2=${SMOLLM2:-1}  # SMOLLM2=0: Gemma's GGUF alone (no SmolLM2, no GSM8K: on
 UNSLOTH=${UNSLOTH:-0}
 VLLM_SET="$SHARED/gpu/sets/vllm.txt"; [ "${STAGE_SET:-}" = small ] && VLLM_SET=
 MORE=$(for s in ${EXTRA_SETS:-} $([ "$UNSLOTH" = 1 ] && echo unsloth); do echo "$SHARED/gpu/sets/$s.txt"; done)
-CHUNK_MB=60 bash "$SHARED/gpu/stage.sh" $VLLM_SET $MORE gguf==0.19.0 datasets==5.2.0 dill==0.4.1 multiprocess==0.70.19
+# liger-kernel: train.use_liger (pure Python over Triton, which the machine's torch carries)
+CHUNK_MB=60 bash "$SHARED/gpu/stage.sh" $VLLM_SET $MORE gguf==0.19.0 datasets==5.2.0 dill==0.4.1 multiprocess==0.70.19 liger-kernel==0.8.5
 
 work=$(mktemp -d); trap 'rm -rf "$work"' EXIT
 mkdir -p "$work/dl" "$work/models/gsm8k"

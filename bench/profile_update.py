@@ -3,8 +3,9 @@
     python -m bench.profile_update [--size 1.5b] [--rows 256] [--prompt 128] [--response 256]
                                    [--variants fused,plain,bf16_head,no_ckpt] [--trace DIR] [--model DIR]
 
-The trainer exactly as `lite-verl train --preset 4090x1` builds it (train/rank.build_rank_backend, the
-preset's micro-batch and checkpointing), fed one step's batch of random tokens, and `update.run_update`
+The trainer exactly as `lite-verl train --preset 4090x1` builds it (train/rank.build_rank_backend), at 8
+rows per forward/backward with checkpointing (the preset's sizes until 2026-12-07; it grows them since, as the
+`grown` variant does), fed one step's batch of random tokens, and `update.run_update`
 timed after a warm-up. Variants change one thing each:
   fused      the default: log-probs and entropy from the hidden states (train/head.fused_log_probs)
   plain      materialised logits (the head as the model runs it, then log-softmax)
@@ -15,6 +16,7 @@ timed after a warm-up. Variants change one thing each:
   peft_casts the default with peft's input casts: each adapter's bf16 input copied to fp32 and back under
              autocast (the code from 2026-12-05 to train/lora.keep_input_dtype, 2026-12-07)
   no_ckpt    the default without gradient checkpointing
+  liger      train.use_liger=true: Liger's Triton RMSNorm, SwiGLU and RoPE (liger-kernel, staged by gpu_stage.sh)
   grown      train.grow_micro_batch=true with gradient_checkpointing=auto, decided by the plan for a 24 GiB card
              as `lite-verl train` decides them (the micro-batch and checkpointing it chose are printed)
 On a GPU every variant also records the plan's prediction of the trainer's peak allocation (plan_alloc_gib,
@@ -47,6 +49,7 @@ VARIANTS = {
     "fp32_adapters": [],
     "peft_casts": [],
     "grown": ["train.grow_micro_batch=true", "train.gradient_checkpointing=auto"],
+    "liger": ["train.use_liger=true"],
 }
 
 
@@ -86,6 +89,9 @@ def measure(variant: str, model_dir: Path, args) -> dict[str, float]:
         f"rollout.max_new_tokens={args.response}",
         f"trainer.batch_size={args.rows // 8}",
         "rollout.n=8",
+        # the preset's sizes until 2026-12-07 (8 rows, checkpointing); it grows them since: `grown`
+        "train.grow_micro_batch=false",
+        "train.gradient_checkpointing=true",
         *VARIANTS[variant],
     ]
     if args.micro and variant != "micro32":

@@ -104,6 +104,8 @@ def lite_verl(
             "rollout.quantization=none",
             f"sync.mode={sync}",
             f"train.micro_batch_size={s.micro}",
+            "train.grow_micro_batch=false",  # TRL's sizes: 32 rows with checkpointing (--set may change them)
+            "train.gradient_checkpointing=true",
             f"rollout.sleep_level={sleep_level}",
             "rollout.gpu_memory_utilization=0.3",
             "data.max_prompt_length=128",

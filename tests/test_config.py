@@ -245,3 +245,33 @@ def test_presets_are_found_in_a_checkout_without_the_installed_package():
 
     for kind in ("presets", "recipes"):
         assert _shipped_dir(kind) == Path(__file__).resolve().parent.parent / kind
+
+
+def test_use_liger_needs_a_gpu_and_its_package_each_in_one_line(monkeypatch):
+    """train.use_liger: Triton kernels, so a CPU trainer is refused naming the key and the fix; on a GPU a
+    missing liger-kernel gives the install command (verl's use_liger and TRL's use_liger_kernel point here)."""
+    import importlib.util
+
+    import torch
+
+    from lite_verl.config.validation import check_environment
+    from lite_verl.errors import MissingDependency
+
+    with pytest.raises(ConfigError, match=r"train.use_liger=true runs Liger's Triton kernels on a CUDA GPU.*"
+                                          r"set train.use_liger=false"):  # fmt: skip
+        load_config("laptop", None, ["train.use_liger=true"])
+    cfg = load_config(
+        "4090x1", None, ["rollout.engine=hf", "rollout.quantization=none", "train.use_liger=true"]
+    )
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    real = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if name == "liger_kernel" else real(name, *a)
+    )
+    with pytest.raises(MissingDependency, match=r"train.use_liger=true needs the package 'liger-kernel'.*"
+                                                r"pip install 'lite-verl\[liger\]'"):  # fmt: skip
+        check_environment(cfg)
+    for foreign, origin in (("actor_rollout_ref.model.use_liger", "verl"), ("use_liger_kernel", "TRL")):
+        with pytest.raises(ConfigError, match=rf"{origin}'s '\w+' is lite-verl's train.use_liger"):
+            load_config("laptop", None, [f"{foreign}=true"])

@@ -568,3 +568,67 @@ def test_top_k_and_min_p_reach_the_sampler(knob):
     unset = prepare(load_config("laptop", None, SMALL))
     plain = unset.engine.generate(prompts, SamplingSettings.of(unset.cfg.rollout, n=2), seed=4)
     assert not torch.equal(plain.response_ids, sampled.response_ids)  # without the knob it samples
+
+
+def test_apply_liger_passes_its_kernels_by_name_and_says_when_an_architecture_is_not_covered(
+    monkeypatch, capsys
+):
+    """train/kernels.apply_liger against Liger's own table of per-architecture functions (a stand-in module
+    here: Liger's kernels import Triton, which a CPU machine lacks; the GPU test below runs the real ones):
+    each function gets the kernels it knows, the loss kernels off, and the model instance; an architecture
+    missing from the table is left alone with one line."""
+    import sys
+    import types
+
+    from lite_verl.model.tiny import resolve_tiny
+    from lite_verl.train.kernels import apply_liger
+
+    seen = {}
+
+    def apply_qwen2(rope=True, fused_linear_cross_entropy=True, rms_norm=True, swiglu=True, model=None):
+        seen.update(rope=rope, flce=fused_linear_cross_entropy, rms_norm=rms_norm, swiglu=swiglu, model=model)
+
+    table = types.ModuleType("liger_kernel.transformers.monkey_patch")
+    table.MODEL_TYPE_TO_APPLY_LIGER_FN = {"qwen2": apply_qwen2}
+    for name in ("liger_kernel", "liger_kernel.transformers"):
+        monkeypatch.setitem(sys.modules, name, types.ModuleType(name))
+    monkeypatch.setitem(sys.modules, "liger_kernel.transformers.monkey_patch", table)
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(resolve_tiny("tiny:qwen2"))
+    assert apply_liger(model) is True
+    assert seen == {"rope": True, "flce": False, "rms_norm": True, "swiglu": True, "model": model}
+    model.config.model_type = "some_new_arch"
+    assert apply_liger(model) is False
+    assert "Liger has no kernels for model type 'some_new_arch'" in capsys.readouterr().err
+
+
+@pytest.mark.skipif(
+    not torch.cuda.is_available() or importlib.util.find_spec("liger_kernel") is None,
+    reason="needs a CUDA GPU and liger-kernel (pip install 'lite-verl[liger]'): Triton kernels",
+)
+def test_liger_kernels_give_the_trainers_log_probs_and_gradients_on_a_gpu(monkeypatch):
+    """train.use_liger on a bf16 model: the same log-probs and adapter gradients as without, to bf16 rounding."""
+    from dataclasses import replace
+
+    from transformers.models.qwen2 import modeling_qwen2
+
+    for name in ("apply_rotary_pos_emb", "Qwen2RMSNorm", "Qwen2MLP"):  # Liger patches them process-wide:
+        monkeypatch.setattr(modeling_qwen2, name, getattr(modeling_qwen2, name))  # restored after this test
+
+    ids = torch.randint(3, 200, (4, 32), generator=torch.Generator().manual_seed(0))
+    out = {}
+    for liger in (False, True):
+        cfg = load_config("4090x1", None, ["rollout.engine=hf", "rollout.quantization=none", "model.path=tiny:qwen2",
+                                           "cost.gpu_models=[GPU]", "cost.price_per_hour={GPU: 0.0}"])  # fmt: skip
+        cfg = replace(cfg, train=replace(cfg.train, use_liger=liger, grow_micro_batch=False))
+        from lite_verl.model.load import resolve_model_path
+        from lite_verl.train.lora import build_lora_backend
+
+        backend = build_lora_backend(cfg, resolve_model_path(cfg.model), torch.device("cuda:0"))
+        lp, _ = backend.forward(ids, torch.ones_like(ids), 16, 1.0)
+        lp.sum().backward()
+        out[liger] = (lp.detach().float().cpu(), [p.grad.float().cpu() for p in backend.params])
+    (lp0, g0), (lp1, g1) = out[False], out[True]
+    assert (lp0 - lp1).abs().max() < 0.05
+    assert all(torch.allclose(a, b, rtol=0.05, atol=1e-4) for a, b in zip(g0, g1))

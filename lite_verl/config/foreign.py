@@ -37,6 +37,7 @@ VERL: dict[str, str] = {  # Hydra keys of verl's ppo_trainer.yaml
     "clip_ratio": "algorithm.clip_ratio_low and algorithm.clip_ratio_high",
     "tensor_model_parallel_size": "rollout.gpus (vLLM's tensor parallelism spans the GPUs listed)",
     "enable_gradient_checkpointing": "train.gradient_checkpointing",
+    "use_liger": "train.use_liger",
 }
 TRL: dict[str, str] = {  # GRPOConfig / TrainingArguments
     "learning_rate": "train.lr",
@@ -55,6 +56,7 @@ TRL: dict[str, str] = {  # GRPOConfig / TrainingArguments
     "scale_rewards": "algorithm.norm_adv_by_std_in_grpo",
     "num_iterations": "algorithm.ppo_epochs",
     "use_vllm": "rollout.engine=vllm",
+    "use_liger_kernel": "train.use_liger",
     "vllm_gpu_memory_utilization": "rollout.gpu_memory_utilization",
     "output_dir": "the --run-dir option of lite-verl train",
     "save_steps": "trainer.save_every",

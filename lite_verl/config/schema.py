@@ -256,6 +256,13 @@ class TrainConfig:
         "plan fits without it at train.micro_batch_size, on otherwise (decided before loading, written to the run's config)",
         where=True,
     )
+    use_liger: bool = key(
+        False,
+        "Liger's Triton kernels for RMSNorm, SwiGLU and RoPE in the trainer's model (verl's use_liger, TRL's "
+        "use_liger_kernel): fewer launches and activations per layer, the same maths up to rounding; CUDA only "
+        "(pip install 'lite-verl[liger]'); an architecture Liger does not cover runs as transformers builds it",
+        where=True,
+    )
     grow_micro_batch: bool = key(
         False,
         "double train.micro_batch_size, up to one mini-batch's rows per training rank, while the memory plan fits "

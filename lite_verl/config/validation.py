@@ -61,6 +61,7 @@ def validate_config(cfg: Config) -> Config:
     _check_algorithm(cfg)
     _check_reward_trainer(cfg)
     _check_offload_during_rollout(cfg)
+    _check_liger(cfg)
     _check_full_finetuning(cfg)
     _check_train_ranks(cfg)
     _check_placement(cfg)
@@ -328,6 +329,15 @@ def _check_reward_trainer(cfg: Config) -> None:
     _positive("trainer.samples_per_step", tr.samples_per_step, allow_zero=True)
 
 
+def _check_liger(cfg: Config) -> None:
+    """train.use_liger: Triton kernels, which run on CUDA GPUs only."""
+    if cfg.train.use_liger and not cfg.train.gpus:
+        raise ConfigError(
+            "train.use_liger=true runs Liger's Triton kernels on a CUDA GPU, and this run trains on the CPU "
+            "(train.gpus=[]): set train.use_liger=false, or train.gpus to a GPU id"
+        )
+
+
 def _check_offload_during_rollout(cfg: Config) -> None:
     """train.offload_during_rollout: a LoRA trainer parks while a vLLM on its GPUs generates."""
     t = cfg.train
@@ -493,6 +503,8 @@ def check_environment(cfg: Config) -> None:
         from lite_verl.quant.awq import require_autoawq
 
         require_autoawq()
+    if cfg.train.use_liger and importlib.util.find_spec("liger_kernel") is None:
+        raise MissingDependency("liger-kernel", "liger", "train.use_liger=true")
     if cfg.train.backend in needs:
         pkg, extra = needs[cfg.train.backend]
         if importlib.util.find_spec(pkg) is None:

@@ -59,7 +59,7 @@ PLACEMENT_KEYS = frozenset({
     "model.dtype", "model.fp32_lm_head", "model.trust_remote_code", "rollout.engine", "rollout.gpus",
     "rollout.gpu_memory_utilization", "rollout.kv_cache_gib", "rollout.quantization", "rollout.quantized_path",
     "rollout.awq_group_size", "rollout.enforce_eager", "rollout.colocate", "rollout.sleep_level",
-    "train.gpus", "train.cpu_ranks", "train.micro_batch_size", "train.pack_micro_batches", "train.grow_micro_batch",
+    "train.gpus", "train.cpu_ranks", "train.micro_batch_size", "train.pack_micro_batches", "train.grow_micro_batch", "train.use_liger",
     "train.gradient_checkpointing", "train.offload_params", "train.offload_optimizer", "train.offload_during_rollout", "train.max_memory_gib",
     "reward.device", "reward.keep_alive_s", "sync", "trainer.plan_check", "cost",
 })  # fmt: skip

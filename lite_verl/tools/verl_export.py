@@ -258,6 +258,7 @@ def _actor(cfg: Config, inp: Inputs, layout: Layout) -> list[Item]:
             else []
         ),  # fmt: skip
         Override(MODEL + "enable_gradient_checkpointing", t.checkpointing),
+        Override(MODEL + "use_liger", t.use_liger),
         Override(ACTOR + "strategy", "fsdp2"),
         *_optimizer(ACTOR + "optim.", t.lr, t.weight_decay, t.grad_clip),
         Override(ACTOR + "ppo_mini_batch_size", a.ppo_mini_batch_size or cfg.trainer.batch_size),

@@ -405,5 +405,9 @@ def load_full_model(cfg: Config, model_dir: Path, dtype: str) -> torch.nn.Module
     from lite_verl.model.load import load_model
 
     model = load_model(model_dir, replace(cfg.model, dtype=dtype), torch.device("cpu"))
+    if cfg.train.use_liger:
+        from lite_verl.train.kernels import apply_liger
+
+        apply_liger(model)  # module forwards and a function: kept through the sharding
     fp32_head = cfg.model.fp32_lm_head and cfg.model.dtype != "float32"
     return prepare_model(model, fp32_head, cfg.train.checkpointing)

@@ -57,6 +57,10 @@ def build_lora_backend(cfg: Config, model_dir: Path, device: torch.device) -> Lo
     from lite_verl.model.load import load_model
 
     base = load_model(model_dir, cfg.model, device, nf4=cfg.train.backend == "qlora")
+    if cfg.train.use_liger:
+        from lite_verl.train.kernels import apply_liger
+
+        apply_liger(base)  # before peft wraps the projections the fused MLP calls
     return LoraBackend(base, cfg.train, device, cfg.trainer.seed, cfg.model.fp32_lm_head)
 
 
