@@ -27,7 +27,12 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import json
+import os
 import statistics
+import subprocess
+import sys
+import tempfile
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -59,8 +64,6 @@ class PeakGpuMemory:
     """Device-wide peak memory used (MiB), sampled by nvidia-smi every 100 ms while the block runs."""
 
     def __enter__(self):
-        import subprocess
-
         self.proc = subprocess.Popen(
             ["nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader,nounits", "-lms", "100", "-i", "0"],
             stdout=subprocess.PIPE, text=True,
@@ -244,12 +247,6 @@ def unsloth(model: str, steps: int, s: Shared, seed: int, site: str) -> dict[str
     """Unsloth's GRPO (its patched TRL GRPOTrainer; fast_inference: its own colocated vLLM serving the
     LoRA adapter) in a child process, `site` first on its path: Unsloth pins trl<=1.15 and datasets<5, which
     ../shared/gpu/sets/unsloth.txt carries beside this bench's TRL 1.16. Its peak is sampled like the others."""
-    import json
-    import os
-    import subprocess
-    import sys
-    import tempfile
-
     out = Path(tempfile.mkdtemp(prefix="lite-verl-vs-unsloth-")) / "figures.json"
     env = {
         **os.environ,
@@ -271,8 +268,6 @@ def unsloth_child(out: Path, model: str, steps: int, seed: int) -> None:
     """The child's side of unsloth() (Unsloth already imported: it patches transformers and TRL), then the
     same GRPOConfig and echo task as TRL's side, with Unsloth's defaults where it has its own (its
     gradient checkpointing, its vLLM's LoRA)."""
-    import json
-
     import torch
     from unsloth import FastLanguageModel  # imported first of all by unsloth()'s command line
 
