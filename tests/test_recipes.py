@@ -25,7 +25,7 @@ WHERE = {
     "rollout.quantized_path", "rollout.awq_group_size", "rollout.enforce_eager", "rollout.colocate",
     "rollout.sleep_level",
     "train.backend", "train.gpus", "train.cpu_ranks", "train.micro_batch_size", "train.pack_micro_batches",
-    "train.gradient_checkpointing", "train.grow_micro_batch", "train.offload_params", "train.offload_optimizer",
+    "train.gradient_checkpointing", "train.grow_micro_batch", "train.use_liger", "train.offload_params", "train.offload_optimizer",
     "train.offload_during_rollout", "train.optimizer_state_dtype", "train.max_memory_gib",
     "reward.device", "reward.keep_alive_s", "sync.mode", "sync.bucket_mb", "trainer.plan_check",
     "cost.gpu_models", "cost.price_per_hour",
