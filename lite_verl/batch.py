@@ -7,6 +7,7 @@ every row (as in verl).
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, fields, replace
 from typing import Any, NamedTuple
 
@@ -31,6 +32,14 @@ class RolloutBatch:
 
     def response_lengths(self) -> torch.Tensor:  # [N]
         return self.response_mask.sum(-1)
+
+    def cut_by_length(self, eos_ids: Iterable[int], max_new_tokens: int) -> torch.Tensor:
+        """[N] bool: responses that reached max_new_tokens without ending in an EOS (a stop string ends a
+        response at its own length, so one completed on the very last token counts as cut too)."""
+        lengths = self.response_lengths()
+        last = self.response_ids.gather(1, (lengths - 1).clamp(min=0)[:, None])[:, 0]
+        ended = torch.isin(last, torch.tensor(sorted({int(e) for e in eos_ids}), dtype=last.dtype))
+        return (lengths >= max_new_tokens) & ~ended
 
     def take(self, rows: list[int]) -> RolloutBatch:
         idx = torch.as_tensor(rows, dtype=torch.long)

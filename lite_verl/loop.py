@@ -338,15 +338,11 @@ def train_update(
 
 
 def _truncated(session: Session, rollout: RolloutBatch) -> torch.Tensor | None:
-    """[N] bool: responses that reached rollout.max_new_tokens without ending in an EOS (a stop string ends a
-    response at its own length, so one completed on the very last token counts as cut too); None unless
+    """[N] bool: the responses rollout.max_new_tokens cut (RolloutBatch.cut_by_length); None unless
     algorithm.mask_truncated_completions."""
     if not session.cfg.algorithm.mask_truncated_completions:
         return None
-    lengths = rollout.response_lengths()
-    last = rollout.response_ids.gather(1, (lengths - 1).clamp(min=0)[:, None])[:, 0]
-    ended = torch.isin(last, torch.tensor(sorted(session.engine.eos_ids), dtype=last.dtype))
-    return (lengths >= session.cfg.rollout.max_new_tokens) & ~ended
+    return rollout.cut_by_length(session.engine.eos_ids, session.cfg.rollout.max_new_tokens)
 
 
 def _rollout_metrics(

@@ -365,6 +365,22 @@ def total_and_parts(
     return torch.tensor(total, dtype=torch.float32), parts
 
 
+def score_all(
+    functions: Sequence[RewardFunction],
+    rows: Sequence[PromptRow],
+    texts: Sequence[str],
+    context: ScoreContext | None,
+    log_parts: bool,
+    call: Callable[[int, RewardFunction, Sequence[Sample], Extras], list[float | None]],
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """What a function scorer does wherever its functions run: the samples, `call(index, f, samples,
+    extras)` per function (here or in the isolated worker), then total_and_parts."""
+    samples = samples_of(rows, texts, context)
+    extras: list[Extras] = [{} for _ in functions]
+    values = [call(i, f, samples, extras[i]) for i, f in enumerate(functions)]
+    return total_and_parts(functions, values, log_parts, extras)
+
+
 def verl_compute_score(functions: Sequence[Mapping[str, Any]]) -> Callable[..., float]:
     """reward.functions (as dicts: fn, weight, name, args) as one verl-shaped compute_score: the weighted
     sum for one response, as training computes it. For `lite-verl export-verl`'s reward_fn.py: verl gives
@@ -408,10 +424,9 @@ class InProcessScorer:
         self, rows: Sequence[PromptRow], texts: Sequence[str], context: ScoreContext | None = None
     ) -> torch.Tensor:
         """[N] float32."""
-        samples = samples_of(rows, texts, context)
-        extras: list[Extras] = [{} for _ in self.functions]
-        values = [call_in_process(f, samples, e) for f, e in zip(self.functions, extras)]
-        total, self.last_parts = total_and_parts(self.functions, values, self.log_parts, extras)
+        total, self.last_parts = score_all(
+            self.functions, rows, texts, context, self.log_parts, lambda _, f, s, e: call_in_process(f, s, e)
+        )
         return total
 
     def start_step(self) -> None:

@@ -32,8 +32,7 @@ from lite_verl.reward.functions import (
     plain,
     raised,
     read_values,
-    samples_of,
-    total_and_parts,
+    score_all,
     where,
 )
 
@@ -240,10 +239,9 @@ class IsolatedScorer:
         self, rows: Sequence[PromptRow], texts: Sequence[str], context: ScoreContext | None = None
     ) -> torch.Tensor:
         """[N] float32."""
-        samples = samples_of(rows, texts, context)
-        extras: list[Extras] = [{} for _ in self.functions]
-        values = [self.worker.score(i, f, samples, extras[i]) for i, f in enumerate(self.functions)]
-        total, self.last_parts = total_and_parts(self.functions, values, self.log_parts, extras)
+        total, self.last_parts = score_all(
+            self.functions, rows, texts, context, self.log_parts, self.worker.score
+        )
         return total
 
     def start_step(self) -> None:

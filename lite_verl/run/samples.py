@@ -53,14 +53,8 @@ def _number(x: float) -> float | None:
 
 def finish_reasons(rollout: RolloutBatch, eos_ids: Iterable[int], max_new_tokens: int) -> list[str]:
     """ "stop" when the response's last valid token is an EOS (or it ended before max_new_tokens),
-    "length" when max_new_tokens cut it."""
-    eos = {int(e) for e in eos_ids}
-    lengths = rollout.response_lengths().tolist()
-    out = []
-    for ids, n in zip(rollout.response_ids.tolist(), lengths):
-        last = ids[int(n) - 1] if n > 0 else None
-        out.append("stop" if last in eos or n < max_new_tokens else "length")
-    return out
+    "length" when max_new_tokens cut it (RolloutBatch.cut_by_length, what mask_truncated_completions masks)."""
+    return ["length" if cut else "stop" for cut in rollout.cut_by_length(eos_ids, max_new_tokens).tolist()]
 
 
 def sample_rows(

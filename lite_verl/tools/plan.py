@@ -244,13 +244,14 @@ def plan(cfg: Config, shape: Shape, cards: Mapping[str, float] | None = None) ->
         if g in cfg.train.gpus:
             parts["runtime overhead"] = OVERHEAD_GIB
         sleeps = cfg.rollout.colocate and g in cfg.rollout.gpus and g in cfg.train.gpus
-        peak = max(static + vllm, static + dynamic) if sleeps else static + vllm + dynamic
-        if sleeps:  # a sync wakes vLLM whole first: a merged sync's bucket and fp32 group come on top of it
-            peak = max(peak, static + vllm + merged_sync_gib(cfg, shape))
-        if sleeps and cfg.train.offload_during_rollout:  # start and rollout: vLLM alone beside the trainer's
-            # process; sync: vLLM's weights and process beside the trainer (its KV cache comes back after),
-            # with a merged sync's bucket and fp32 merged group; update: as without
+        if not sleeps:
+            peak = static + vllm + dynamic
+        elif cfg.train.offload_during_rollout:  # start and rollout: vLLM alone beside the trainer's process;
+            # sync: vLLM's weights and process beside the trainer (its KV cache comes back after), with a
+            # merged sync's bucket and fp32 merged group; update: as without
             peak = max(OVERHEAD_GIB + vllm, static + served + sync_extra_gib(cfg, shape), static + dynamic)
+        else:  # rollout and sync: vLLM whole beside the trainer (a merged sync's working set on top); update
+            peak = max(static + vllm + merged_sync_gib(cfg, shape), static + dynamic)
         alloc = static + dynamic - OVERHEAD_GIB if g in cfg.train.gpus else 0.0
         cap = cfg.train.max_memory_gib if g in cfg.train.gpus else 0.0
         out.append(GpuPlan(g, model, card, parts, peak, served, budget, alloc, cap))
