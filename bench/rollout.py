@@ -3,8 +3,8 @@
     python -m bench.rollout [--size 1.5b] [--prompts 256] [--new-tokens 256]
 
 Same model, same SamplingParams (temperature 1, per-token logprobs, n=1), same engine arguments
-(enforce_eager, gpu_memory_utilization, LoRA enabled or not as --sync makes lite-verl's engine, the fp32
-head lite-verl serves a bf16 model with); random-init weights so lengths are set by ignore-EOS-like
+(the LLM(...) arguments lite-verl's worker starts vLLM with: vllm_worker.engine_kwargs, so LoRA is enabled
+or not as --sync makes it, the fp32 head, sleep mode on a GPU); random-init weights so lengths are set by ignore-EOS-like
 behaviour of a random model (both runs see identical prompts and seeds). Target: lite-verl >= 90% of bare.
 --sync adapter: both engines with LoRA enabled (no adapter loaded), as lite-verl serves adapter sync;
 merged (the default, vs_trl's GPU runs): neither. (Until 2026-12-07 lite-verl's side ran with LoRA
@@ -29,21 +29,28 @@ def prompts(n: int, length: int, seed: int = 0) -> list[list[int]]:
     return [[rng.randrange(3, 500) for _ in range(length)] for _ in range(n)]
 
 
-def ours(path: Path, ps: list[list[list[int]]], new_tokens: int, util: float, sync: str) -> list[float]:
-    """lite-verl's engine: tokens/s of each prompt set's rollout (after an 8-prompt warm-up)."""
+def engine_config(path: Path, new_tokens: int, util: float, sync: str):
+    """The config both engines are started from (lite-verl's through its worker, the bare one with the same
+    LLM(...) arguments: vllm_worker.engine_kwargs)."""
     import torch
 
     from lite_verl.config import load_config
+
+    gpu = ["model.dtype=bfloat16", "train.gpus=[0]", "rollout.gpus=[0]", f"rollout.gpu_memory_utilization={util}",
+           "cost.gpu_models=[H200]", "cost.price_per_hour={H200: 0.0}"]  # fmt: skip
+    return load_config("laptop", None, [
+        f"model.path={path}", "rollout.engine=vllm", "rollout.enforce_eager=true", "data.max_prompt_length=128",
+        f"rollout.max_new_tokens={new_tokens}", f"sync.mode={sync}", *(gpu if torch.cuda.is_available() else []),
+    ])  # fmt: skip
+
+
+def ours(path: Path, ps: list[list[list[int]]], new_tokens: int, util: float, sync: str) -> list[float]:
+    """lite-verl's engine: tokens/s of each prompt set's rollout (after an 8-prompt warm-up)."""
     from lite_verl.model.load import load_tokenizer
     from lite_verl.rollout.base import SamplingSettings
     from lite_verl.rollout.vllm_engine import VLLMRolloutEngine
 
-    gpu = ["model.dtype=bfloat16", "train.gpus=[0]", "rollout.gpus=[0]", f"rollout.gpu_memory_utilization={util}",
-           "cost.gpu_models=[H200]", "cost.price_per_hour={H200: 0.0}"]  # fmt: skip
-    cfg = load_config("laptop", None, [
-        f"model.path={path}", "rollout.engine=vllm", "rollout.enforce_eager=true", "data.max_prompt_length=128",
-        f"rollout.max_new_tokens={new_tokens}", f"sync.mode={sync}", *(gpu if torch.cuda.is_available() else []),
-    ])  # fmt: skip
+    cfg = engine_config(path, new_tokens, util, sync)
     engine = VLLMRolloutEngine.from_config(cfg, path, load_tokenizer(path), backend=None)
     s = SamplingSettings(n=1, temperature=1.0, max_new_tokens=new_tokens)
     engine.generate(prompts(8, 64, seed=-1), s, seed=0)
@@ -62,25 +69,16 @@ def bare(path: Path, n: int, new_tokens: int, util: float, kinds: list[str], rou
     one engine: dicts (vLLM's default: a dict and a Logprob object per token), flat (FlatLogprobs, what
     lite-verl asks for) or none (no log-probs). Every run gets new prompts, so no prefix is cached."""
     os.environ["VLLM_USE_FLASHINFER_SAMPLER"] = "0"
-    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # as lite-verl's worker (and no fork after CUDA init)
-    import torch
+    # as lite-verl's worker (and no fork after CUDA init); its fp32 head patch then applies in this process
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
     from vllm import LLM, SamplingParams
     from vllm.inputs import TokensPrompt
 
-    where = (
-        dict(dtype="bfloat16", gpu_memory_utilization=util)
-        if torch.cuda.is_available()
-        # as lite-verl's worker on a CPU: whole prompts per scheduler step (seeded sampling); util = host memory
-        else dict(dtype="float32", enable_chunked_prefill=False, gpu_memory_utilization=util)
-    )
-    if torch.cuda.is_available():  # the fp32 head lite-verl serves a bf16 model with (in this process: no
-        from lite_verl.rollout.vllm_compat import fp32_lm_head  # engine subprocess, see the env above)
+    from lite_verl.rollout.vllm_start import worker_options
+    from lite_verl.rollout.vllm_worker import engine_kwargs
 
-        where.update(fp32_lm_head())
-    if sync == "adapter":  # lite-verl's engine for adapter sync: LoRA on, rank 16's slot, one adapter
-        where.update(enable_lora=True, max_lora_rank=16, max_loras=1)
-    llm = LLM(model=str(path), enforce_eager=True, max_model_len=128 + new_tokens, seed=0,
-              logprobs_mode="processed_logprobs", enable_prefix_caching=True, **where)  # fmt: skip
+    cfg = engine_config(path, new_tokens, util, sync)
+    llm = LLM(**engine_kwargs(worker_options(cfg, path, colocated=cfg.hybrid)))
     asked = {"dicts": dict(logprobs=0), "flat": dict(logprobs=0, flat_logprobs=True), "none": {}}
 
     def run(kind: str, ps: list[list[int]]) -> float:

@@ -79,9 +79,8 @@ class WorkerOptions:
     batch_limits: tuple[int, int] = (0, 0)
 
 
-def _make_llm(o: WorkerOptions):
-    from vllm import LLM
-
+def engine_kwargs(o: WorkerOptions) -> dict[str, Any]:
+    """The LLM(...) arguments of lite-verl's engine (bench/rollout.py starts a bare one with the same)."""
     from lite_verl.rollout.vllm_compat import fp32_lm_head, llm_kwargs
 
     kwargs = llm_kwargs(
@@ -112,12 +111,18 @@ def _make_llm(o: WorkerOptions):
         # a prompt split over two scheduler steps rewinds its seeded sampler, which a CPU generator
         # cannot do ("CPU Generator does not use offset"): schedule whole prompts only
         kwargs.update(llm_kwargs(enable_chunked_prefill=False))
+    return kwargs
+
+
+def _make_llm(o: WorkerOptions):
+    from vllm import LLM
+
     from lite_verl.device import gpu_start_lock
 
     # one lite-verl engine starts per GPU at a time: vLLM sizes its KV cache from the free memory it sees (if
     # another process's memory moves meanwhile, the engine retries in a new worker: vllm_engine.start_retrying)
     with gpu_start_lock():
-        llm = LLM(**kwargs)
+        llm = LLM(**engine_kwargs(o))
     if o.sleep_mode:  # asleep (level 1), vLLM parks each weight tensor in pinned host memory
         from lite_verl.device import pin_host_memory
 
