@@ -272,8 +272,9 @@ NOTES = {  # what a reader must know about a table that its rows do not say
     " 2026-12-07, one H100 (e0dae4a): lite-verl 5.7k vs bare 11.0k tokens/s (0.52) is NOT a like-for-like"
     " pair: bench/rollout.py built lite-verl's engine from the laptop preset, whose sync.mode=adapter starts"
     " vLLM with LoRA enabled (punica kernels on every layer, in eager mode), and the bare engine without."
-    " Since 3bb4fd6 both engines get the same settings (--sync merged|adapter decides LoRA for both; the fp32"
-    " head and prefix caching too) and lite-verl's side runs --rounds times as well. Inside training (vs_trl"
+    " Since 3bb4fd6 both engines get the same settings (--sync merged|adapter decides LoRA for both; since"
+    " 670251e the bare engine takes the worker's own LLM arguments, vllm_worker.engine_kwargs) and lite-verl's"
+    " side runs --rounds times as well. Inside training (vs_trl"
     " rows of the same day, CUDA graphs, merged sync) the rollout ran at 34-37k tokens/s on its fast steps;"
     " goal 2's >= 90% of standalone awaits the fixed bench on a GPU.",
     "sync_memory": "With eager adapter loads and a rollout every 100 syncs. The worker's RSS rises ~24 MiB "
