@@ -11,7 +11,10 @@ memory every 100 ms (every process on it). Variants change where and how only:
              to this card)
   kv_auto    rollout.kv_cache_gib=auto: vLLM reserves one rollout's KV cache exactly, its budget sized by the plan
   offload    kv_auto + train.offload_during_rollout: the trainer's tensors wait in host memory while vLLM
-             generates, and vLLM takes its KV cache back only after
+             generates (an adapter sync goes through host memory after the trainer left), and vLLM takes its
+             KV cache back only after
+  lean       offload at the preset's 8 rows per forward/backward (train.grow_micro_batch=false): what
+             `--preset auto` picks for a 12 GiB card
 Rows: the measured peak, the plan's predicted peak and its error (goal 4), the steady step time (after the
 first step) and its phases. Targets: <= 10 GiB at 7B, <= 4 GiB at 1.5B, a 7B step <= 12 s.
 The AWQ copy is calibrated once by `lite-verl quantize --max-prompts N` (--calib-prompts, 16 by default: the
@@ -41,6 +44,11 @@ VARIANTS = {
     "preset": [],
     "kv_auto": ["rollout.kv_cache_gib=auto"],
     "offload": ["rollout.kv_cache_gib=auto", "train.offload_during_rollout=true"],
+    "lean": [
+        "rollout.kv_cache_gib=auto",
+        "train.offload_during_rollout=true",
+        "train.grow_micro_batch=false",
+    ],
 }
 PHASES = ("rollout", "sleep", "update", "sync")
 

@@ -206,8 +206,9 @@ def _greedy_baselines(session: Session, rows_idx: list[int], step: int) -> torch
 def train_step(
     session: Session, sampler: PromptSampler, step: int, ledger: Ledger, samples: SamplesLog | None = None
 ) -> dict[str, float]:
-    """One step: rollout -> reward -> (engine sleeps; the trainer comes back to the card) -> update -> sync
-    (-> the trainer leaves the card with train.offload_during_rollout), each phase timed; a few of the
+    """One step: rollout -> reward -> (engine sleeps; the trainer comes back to the card) -> update -> sync,
+    with train.offload_during_rollout the trainer leaving the card after a merged sync, before an adapter's
+    (Config.park_before_sync), each phase timed; a few of the
     step's completions go to `samples` (RUN/samples.jsonl) when it is due."""
     n = session.cfg.rollout.n
     session.scorer.start_step()  # an idle reward model gives its GPU back
@@ -230,10 +231,15 @@ def train_step(
         advantages: list[torch.Tensor] = []  # [N] each response's first-token advantage, when sampled
         batch = UpdateBatch(rollout, scores, group_ids, baselines, step, _truncated(session, rollout))
         metrics = train_update(session, batch, advantages.append if keep_samples else None)
+    park_first = session.cfg.park_before_sync
+    if park_first:
+        with timer.phase("sleep"):
+            _park_trainer(session)
     with timer.phase("sync"):
         sync_s = session.engine.sync_weights(step)  # with a rollout in flight: waits for it, then loads
-    with timer.phase("sleep"):
-        _park_trainer(session)
+    if not park_first:
+        with timer.phase("sleep"):
+            _park_trainer(session)
     metrics.update(waited)
     metrics.update(_overlap(session, timer.spans["update"]))
     metrics.update(_rollout_metrics(rollout, scores, session.scorer.last_parts, group_ids))

@@ -88,6 +88,27 @@ def test_7b_on_one_24_gib_card_ends_with_qlora_and_awq(gpus, tmp_path):
     assert choice.lines[-1].startswith("auto: chose train.backend=qlora, rollout.quantization=awq")
 
 
+def test_7b_on_one_12_gib_card_sizes_vllms_cache_and_parks_the_trainer_during_rollouts():
+    """Past qlora + AWQ, the ladder's last rungs: vLLM holds one rollout's KV cache, not a share of the card,
+    and the trainer waits in host memory while vLLM generates (the card holds one of the two)."""
+    card = machine(1, "NVIDIA GeForce RTX 3060", 11.76)
+    sets = [
+        "trainer.batch_size=16",
+        "rollout.n=8",
+        "rollout.max_new_tokens=256",
+        "data.max_prompt_length=128",
+    ]
+    choice = choose(card, None, sets, QWEN_7B)
+    cfg = choice.cfg
+    assert (cfg.train.backend, cfg.rollout.quantization) == ("qlora", "awq") and fits(choice, QWEN_7B)
+    assert cfg.train.offload_during_rollout and cfg.rollout.kv_cache_gib == "auto"
+    assert "rollout.kv_cache_gib=auto, train.offload_during_rollout=true" in choice.lines[-1]
+    said = "\n".join(choice.lines)
+    assert "auto: qlora with AWQ rollout does not fit" in said and "set rollout.kv_cache_gib=auto" in said
+    with pytest.raises(ConfigError, match=r"train.offload_during_rollout false/true"):
+        choose(card, None, [*sets, "rollout.max_new_tokens=4096"], QWEN_7B)  # no rung fits
+
+
 def test_two_3090_without_p2p_split_rollout_and_training():
     choice = choose(RTX3090x2, None, [], QWEN_7B)
     cfg = choice.cfg
@@ -132,10 +153,14 @@ def test_a_config_file_wins_over_auto_too(tmp_path):
 
 def test_a_pinned_knob_that_cannot_fit_is_one_error_naming_the_size_and_the_tries():
     with pytest.raises(ConfigError, match=r"auto: a 7.6B-parameter model fits no candidate on 1x NVIDIA GeForce "
-                       r"RTX 4090 \(24 GiB\) \(tried 10 configs: train.backend lora, rollout.quantization none/awq, "
-                       r"train.gradient_checkpointing false/true, train.micro_batch_size 8/4/2/1\); the most frugal: "
-                       r"GPU 0 \(RTX 4090\) would need .*use a smaller model or more GPUs"):  # fmt: skip
-        choose(RTX4090x1, None, ["train.backend=lora"], QWEN_7B)
+                       r"RTX 3060 \(12 GiB\) \(tried 14 configs: train.backend lora, rollout.quantization none/awq, "
+                       r"train.gradient_checkpointing false/true, train.micro_batch_size 8/4/2/1, "
+                       r"train.offload_during_rollout false/true\); the most frugal: "
+                       r"GPU 0 \(RTX 3060\) would need .*use a smaller model or more GPUs"):  # fmt: skip
+        choose(machine(1, "NVIDIA GeForce RTX 3060", 11.76), None, ["train.backend=lora"], QWEN_7B)
+    # on a 24 GiB card the bf16 7B base fits once the trainer leaves the card to vLLM during rollouts
+    lean = choose(RTX4090x1, None, ["train.backend=lora"], QWEN_7B).cfg
+    assert lean.train.backend == "lora" and lean.train.offload_during_rollout
     with pytest.raises(ConfigError, match=r"rollout.gpus names GPU 5, which this machine does not have"):
         choose(RTX4090x1, None, ["train.gpus=[5]", "rollout.gpus=[5]", "cost.gpu_models=[a, b, c, d, e, f]",
                                  "cost.price_per_hour={a: 0, f: 0}"], QWEN_1_5B)  # fmt: skip

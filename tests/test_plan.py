@@ -361,15 +361,19 @@ def test_a_merged_sync_counts_its_bucket_and_fp32_group_beside_a_wholly_awake_vl
 
 
 def test_kv_cache_auto_sizes_vllm_to_one_rollout_and_the_plan_adds_its_parts(monkeypatch):
-    """rollout.kv_cache_gib=auto: the KV of one rollout's rows at the full length (by hand for a 1.5B), and
-    the plan's vLLM part is weights + cache + working memory, not a fraction of the card."""
+    """rollout.kv_cache_gib=auto: the KV of one rollout at the longest lengths (by hand for a 1.5B): each
+    prompt once (its n responses share its blocks), each response's own blocks and a copy of the prompt's
+    last; the plan's vLLM part is weights + cache + working memory, not a fraction of the card."""
     from lite_verl.tools import plan as plan_mod
 
-    cfg = load_config("4090x1", None, ["rollout.kv_cache_gib=auto", "rollout.quantization=none"])
-    rows, length = cfg.trainer.batch_size * cfg.rollout.n, cfg.full_length
+    cfg = load_config("4090x1", None, ["rollout.kv_cache_gib=auto", "rollout.quantization=none",
+                                       "data.max_prompt_length=120", "rollout.max_new_tokens=250"])  # fmt: skip
+    prompts, rows = cfg.trainer.batch_size, cfg.trainer.batch_size * cfg.rollout.n
     per_token = 28 * 2 * 2 * 128 * 2  # layers x (k, v) x kv heads x head size x bf16
     kv = plan_mod.kv_cache_gib(cfg, QWEN_1_5B)
-    assert kv == pytest.approx(rows * length * per_token * plan_mod.KV_MARGIN / 2**30)
+    tokens = prompts * 128 + rows * (256 + 16)  # whole blocks of 16 tokens
+    assert kv == pytest.approx(tokens * per_token / 2**30)
+    assert kv < rows * cfg.full_length * per_token / 2**30  # n = 8 responses share a prompt
     need = plan_mod.vllm_need_gib(cfg, QWEN_1_5B)
     assert kv + plan_mod.served_weights_gib(cfg, QWEN_1_5B) < need < 0.3 * 24  # below the preset's 0.35
     (p,) = plan_mod.plan(cfg, QWEN_1_5B)
@@ -435,14 +439,19 @@ def test_an_exact_kv_cache_has_no_budget_to_fit_and_its_knob_is_named(monkeypatc
     assert p.vllm_budget_gib == 0 and p.fits
     huge = replace(cfg, rollout=replace(cfg.rollout, kv_cache_gib=30.0))
     (big,) = plan_mod.plan(huge, QWEN_1_5B)
-    assert not big.fits and "lower rollout.kv_cache_gib (now 30.0)" in plan_mod.knob(huge, big)
-    one = load_config("4090x1", None, ["rollout.quantization=none", "rollout.kv_cache_gib=auto"])
+    assert not big.fits and "lower rollout.kv_cache_gib (now 30.0" in plan_mod.knob(huge, big)
+    one = load_config(
+        "4090x1", None, ["rollout.quantization=none", "rollout.kv_cache_gib=auto", "trainer.batch_size=64"]
+    )
     cards = ",".join(["RTX 4090"] * 4)
-    four = load_config("4090x1", None, ["rollout.quantization=none", "rollout.kv_cache_gib=auto",
+    four = load_config("4090x1", None, ["rollout.quantization=none", "rollout.kv_cache_gib=auto", "trainer.batch_size=64",
                                         "rollout.gpus=[0,1,2,3]", "train.gpus=[0,1,2,3]", f"cost.gpu_models=[{cards}]"])  # fmt: skip
     # Qwen2.5-1.5B has 2 KV heads: 4 GPUs hold half the cache each, not a quarter
     assert plan_mod.kv_cache_gib(four, QWEN_1_5B) == pytest.approx(plan_mod.kv_cache_gib(one, QWEN_1_5B) / 2)
-    assert plan_mod.vllm_limits(one) == (8192, one.trainer.batch_size * one.rollout.n)
+    rows = one.trainer.batch_size * one.rollout.n
+    assert plan_mod.vllm_limits(one) == (plan_mod.VLLM_BATCHED_TOKENS, rows)
+    long = replace(one, data=replace(one.data, max_prompt_length=4096))  # no chunked prefill on the CPU
+    assert plan_mod.vllm_limits(long) == (4096 + one.rollout.max_new_tokens, rows)
 
 
 def test_growth_keeps_to_the_memory_free_on_a_shared_card(monkeypatch):
@@ -475,8 +484,8 @@ def test_a_trainer_offloaded_during_rollouts_leaves_the_card_to_vllm(tmp_path):
     vllm = parked_cfg.rollout.gpu_memory_utilization * 24
     update = static + parts["activations"] + parts["LM head working set"]
     served = served_weights_gib(parked_cfg, QWEN_7B)
-    sync = static + served + VLLM_PROCESS_GIB  # adapter sync: vLLM's weights and process beside the trainer
-    assert parked.peak_gib == pytest.approx(max(OVERHEAD_GIB + vllm, sync, update))
+    # an adapter sync follows the park: the adapter goes through host memory
+    assert parked.peak_gib == pytest.approx(max(OVERHEAD_GIB + vllm, update))
     assert resident.peak_gib == pytest.approx(max(static + vllm, update))
     assert parked.peak_gib < resident.peak_gib
     merged = load_config("4090x1", None, [*base, "train.offload_during_rollout=true", "sync.mode=merged"])
@@ -484,6 +493,9 @@ def test_a_trainer_offloaded_during_rollouts_leaves_the_card_to_vllm(tmp_path):
     assert sync_extra_gib(merged, QWEN_7B) == pytest.approx(
         VLLM_PROCESS_GIB + merged.sync.bucket_mb / 1024 + mlp_fp32
     )
+    sync = static + served + sync_extra_gib(merged, QWEN_7B)  # vLLM's weights beside the trainer, merging
+    (merging,) = plan(merged, QWEN_7B)
+    assert merging.peak_gib == pytest.approx(max(OVERHEAD_GIB + vllm, sync, update)) and sync > update
     host = host_parts(parked_cfg, QWEN_7B)
     assert host["trainer's weights and AdamW state (parked during rollouts)"] == pytest.approx(
         static - OVERHEAD_GIB

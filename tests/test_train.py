@@ -455,9 +455,11 @@ def test_bf16_model_runs_its_adapters_in_bf16_with_fp32_master_weights():
     assert seen and set(seen) == {torch.bfloat16}
 
 
-def _three_steps(offload: bool) -> tuple[list[dict[str, float]], list[bool]]:
-    """Three steps of the laptop run, the trainer parked between its updates or not; -> the metrics and,
-    per park, whether every tensor the trainer holds moved to other storage."""
+def _three_steps(
+    offload: bool, sync: str = "adapter"
+) -> tuple[list[dict[str, float]], list[bool], list[str]]:
+    """Three steps of the laptop run, the trainer parked between its updates or not; -> the metrics, per
+    park whether every tensor the trainer holds moved to other storage, and the order of parks and syncs."""
     from dataclasses import replace
 
     from lite_verl.data.loader import PromptSampler
@@ -465,15 +467,19 @@ def _three_steps(offload: bool) -> tuple[list[dict[str, float]], list[bool]]:
 
     cfg = load_config("laptop", None, SMALL)
     # a CPU run has no card to hand over (validation refuses the key): the swap runs all the same
-    cfg = replace(cfg, train=replace(cfg.train, offload_during_rollout=offload))
+    cfg = replace(
+        cfg, train=replace(cfg.train, offload_during_rollout=offload), sync=replace(cfg.sync, mode=sync)
+    )
     session = prepare(cfg)
-    backend, moved = session.backend, []
-    park = backend.park
+    backend, moved, order = session.backend, [], []
+    park, sync_weights = backend.park, session.engine.sync_weights
+    session.engine.sync_weights = lambda step: order.append("sync") or sync_weights(step)
 
     def watched_park() -> None:
         ptrs = [p.data_ptr() for p in backend.model.parameters()]
         ptrs += [v.data_ptr() for s in backend.optimizer.state.values() for v in s.values() if v.dim()]
         park()
+        order.append("park")
         after = [p.data_ptr() for p in backend.model.parameters()]
         after += [v.data_ptr() for s in backend.optimizer.state.values() for v in s.values() if v.dim()]
         moved.append(all(a != b for a, b in zip(ptrs, after)) and len(after) == len(ptrs))
@@ -481,16 +487,20 @@ def _three_steps(offload: bool) -> tuple[list[dict[str, float]], list[bool]]:
     backend.park = watched_park
     sampler = PromptSampler(len(session.train_set), cfg.trainer.batch_size, cfg.trainer.seed, True)
     ledger = Ledger.from_config(cfg)
-    return [train_step(session, sampler, step, ledger) for step in (1, 2, 3)], moved
+    return [train_step(session, sampler, step, ledger) for step in (1, 2, 3)], moved, order
 
 
 def test_a_trainer_parked_between_updates_computes_the_same_steps():
     """train.offload_during_rollout moves every weight and AdamW state out and back around each rollout:
     the same rollouts, losses and gradients as a trainer that stays (fresh storage each time, so a stale
-    view of the old one, such as a cached adapter, would show)."""
-    parked, moved = _three_steps(True)
-    resident, none = _three_steps(False)
-    assert moved == [True, True, True] and none == []  # parked after each step's sync
+    view of the old one, such as a cached adapter, would show). An adapter sync follows the park (the
+    adapter goes through host memory: the card never holds vLLM's weights beside the trainer's); a merged
+    sync precedes it (it merges on the card)."""
+    parked, moved, order = _three_steps(True)
+    resident, none, _ = _three_steps(False)
+    assert moved == [True, True, True] and none == []
+    assert order == ["park", "sync"] * 3
+    assert _three_steps(True, "merged")[2] == ["sync", "park"] * 3
     for a, b in zip(parked, resident):
         for key in ("reward/mean", "actor/loss", "actor/grad_norm", "response_length/mean"):
             assert a[key] == b[key], key

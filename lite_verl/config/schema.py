@@ -510,6 +510,13 @@ class Config:
         return r.engine == "vllm" and r.colocate and bool(r.gpus) and r.gpus == self.train.gpus
 
     @property
+    def park_before_sync(self) -> bool:
+        """train.offload_during_rollout with an adapter sync: the trainer leaves the card before the sync and
+        the adapter (tens of MB) reaches vLLM through host memory, so the card never holds vLLM's weights and
+        the trainer's together. A merged sync merges on the card first: the trainer leaves after it."""
+        return self.train.offload_during_rollout and self.sync.mode == "adapter"
+
+    @property
     def reward_gpus(self) -> tuple[int, ...]:
         """The reward model's local GPU id, when it has one (reward.device=cuda:N)."""
         d = self.reward.device

@@ -93,8 +93,9 @@ class VLLMRolloutEngine:
         same_gpus = bool(cfg.rollout.gpus) and cfg.rollout.gpus == cfg.train.gpus
         options = worker_options(cfg, model_path, colocated=cfg.hybrid)
         return cls(
-            cfg.rollout, cfg.sync, options, tokenizer, backend, same_gpus, cfg.train.offload_during_rollout
-        )
+            cfg.rollout, cfg.sync, options, tokenizer, backend, same_gpus,
+            cfg.train.offload_during_rollout and not cfg.park_before_sync,
+        )  # fmt: skip
 
     def __init__(
         self,
@@ -108,8 +109,8 @@ class VLLMRolloutEngine:
     ) -> None:
         """Start the worker with `options` and wait until vLLM serves (START_TIMEOUT_S). `same_gpus`:
         rollout.gpus == train.gpus, so weights can move by CUDA IPC. `kv_after_sync`: the trainer leaves the
-        card after each sync (train.offload_during_rollout), so a sync wakes the weights alone and the KV
-        cache waits for the next rollout."""
+        card after each sync (train.offload_during_rollout with a merged sync), so a sync wakes the weights
+        alone and the KV cache waits for the next rollout."""
         self.rollout, self.sync, self.tokenizer, self.backend = rollout, sync, tokenizer, backend
         self.mode = sync.mode
         self.same_gpus = same_gpus

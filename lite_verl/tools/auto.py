@@ -308,27 +308,43 @@ class Knobs:
     backend: Backend  # train.backend
     checkpointing: bool  # train.gradient_checkpointing
     micro_batch_size: int  # train.micro_batch_size
+    # rollout.kv_cache_gib=auto and train.offload_during_rollout: vLLM holds one rollout's KV cache, not a share
+    # of the card, and the card holds vLLM or the trainer, not both (two host copies of the trainer a step)
+    lean: bool = False
 
     def layer(self) -> dict[str, Any]:
-        return {"rollout": {"quantization": self.quantization},
-                "train": {"backend": self.backend, "gradient_checkpointing": self.checkpointing,
-                          "micro_batch_size": self.micro_batch_size}}  # fmt: skip
+        out: dict[str, Any] = {"rollout": {"quantization": self.quantization},
+                               "train": {"backend": self.backend, "gradient_checkpointing": self.checkpointing,
+                                         "micro_batch_size": self.micro_batch_size}}  # fmt: skip
+        if self.lean:
+            out["rollout"]["kv_cache_gib"] = "auto"
+            out["train"]["offload_during_rollout"] = True
+        return out
 
     def group(self) -> str:
-        return f"{self.backend} with {'AWQ' if self.quantization == 'awq' else 'unquantized'} rollout"
+        lean = ", one rollout's KV cache, trainer offloaded during rollouts" if self.lean else ""
+        return f"{self.backend} with {'AWQ' if self.quantization == 'awq' else 'unquantized'} rollout{lean}"
 
 
 def ladder(micro_batch_size: int) -> Iterator[Knobs]:
-    """The candidates in the order auto tries them, the lightest change to the run first."""
+    """The candidates in the order auto tries them, the lightest change to the run first; last, the most
+    frugal backend and rollout made lean (one card shared by vLLM and the trainer only: validation refuses
+    it elsewhere, and auto skips it there)."""
     quantizations: tuple[Quantization, ...] = ("none", "awq")
     backends: tuple[Backend, ...] = ("lora", "qlora")
     for quantization in quantizations:
         for backend in backends:
             yield Knobs(quantization, backend, False, micro_batch_size)
-            mb = micro_batch_size
-            while mb >= 1:
-                yield Knobs(quantization, backend, True, mb)
-                mb //= 2
+            yield from _halved(Knobs(quantization, backend, True, micro_batch_size))
+    yield from _halved(Knobs("awq", "qlora", True, micro_batch_size, lean=True))
+
+
+def _halved(k: Knobs) -> Iterator[Knobs]:
+    """`k`, then with train.micro_batch_size halved down to 1."""
+    mb = k.micro_batch_size
+    while mb >= 1:
+        yield replace(k, micro_batch_size=mb)
+        mb //= 2
 
 
 def _search(
@@ -379,6 +395,7 @@ def _tried(seen: list[Config]) -> str:
         "rollout.quantization": [c.rollout.quantization for c in seen],
         "train.gradient_checkpointing": [str(c.train.gradient_checkpointing).lower() for c in seen],
         "train.micro_batch_size": [str(c.train.micro_batch_size) for c in seen],
+        "train.offload_during_rollout": [str(c.train.offload_during_rollout).lower() for c in seen],
     }
     return f"{len(seen)} configs: " + ", ".join(f"{k} {'/'.join(dict.fromkeys(v))}" for k, v in keys.items())
 
@@ -390,5 +407,7 @@ def _chosen(cfg: Config, shape: Shape, gpus: Sequence[Gpu], lighter: str | None)
                       for p in plan_on(cfg, shape, gpus))  # fmt: skip
     line = (f"auto: chose train.backend={t.backend}, rollout.quantization={r.quantization}, "
             f"train.gradient_checkpointing={str(t.gradient_checkpointing).lower()}, "
-            f"train.micro_batch_size={t.micro_batch_size}: {peaks}")  # fmt: skip
+            f"train.micro_batch_size={t.micro_batch_size}"
+            f"{', rollout.kv_cache_gib=auto, train.offload_during_rollout=true' if t.offload_during_rollout else ''}"
+            f": {peaks}")  # fmt: skip
     return f"{line}; a lighter setting would not fit: {lighter}" if lighter else line

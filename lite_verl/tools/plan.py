@@ -26,7 +26,8 @@ The model's shape comes from its config.json. Per GPU, the roles placed on it ad
   merged sync's bucket and fp32 group: the sync wakes vLLM first), trainer's static + activations) --
   vLLM's weights are offloaded to the host while it sleeps; with
   train.offload_during_rollout the trainer's static part waits in host memory while vLLM generates:
-  max(overhead + vLLM, static + vLLM's weights (the sync), static + activations);
+  max(overhead + vLLM, static + activations), and a merged sync (before the trainer leaves) adds
+  static + vLLM's weights + its working set;
 * runtime overhead: 0.5 GiB for the trainer process (CUDA context); vLLM's is inside its budget, which
   must also hold its weights (bf16, or AWQ 4-bit) with room for a KV cache.
 A config fits when the peak is within 95% of the card.
@@ -246,10 +247,14 @@ def plan(cfg: Config, shape: Shape, cards: Mapping[str, float] | None = None) ->
         sleeps = cfg.rollout.colocate and g in cfg.rollout.gpus and g in cfg.train.gpus
         if not sleeps:
             peak = static + vllm + dynamic
-        elif cfg.train.offload_during_rollout:  # start and rollout: vLLM alone beside the trainer's process;
-            # sync: vLLM's weights and process beside the trainer (its KV cache comes back after), with a
-            # merged sync's bucket and fp32 merged group; update: as without
-            peak = max(OVERHEAD_GIB + vllm, static + served + sync_extra_gib(cfg, shape), static + dynamic)
+        elif (
+            cfg.train.offload_during_rollout
+        ):  # start, rollout and an adapter sync (Config.park_before_sync):
+            # vLLM alone beside the trainer's process; update: as without; a merged sync: vLLM's weights and
+            # process beside the trainer (its KV cache comes back after), with the bucket and fp32 merged group
+            peak = max(OVERHEAD_GIB + vllm, static + dynamic)
+            if not cfg.park_before_sync:
+                peak = max(peak, static + served + sync_extra_gib(cfg, shape))
         else:  # rollout and sync: vLLM whole beside the trainer (a merged sync's working set on top); update
             peak = max(static + vllm + merged_sync_gib(cfg, shape), static + dynamic)
         alloc = static + dynamic - OVERHEAD_GIB if g in cfg.train.gpus else 0.0
@@ -372,10 +377,16 @@ def served_weights_gib(cfg: Config, shape: Shape) -> float:
 
 
 # rollout.kv_cache_gib: vLLM's parts besides weights and KV cache. ESTIMATES, not yet measured on a GPU
-KV_MARGIN = 1.15  # each row's KV is whole blocks of 16 tokens; prefix caching keeps finished rows' blocks
+# vLLM's KV block (tokens). The n responses of a prompt share its full blocks (prefix caching: the first
+# registers them when it is scheduled, its siblings of the same step find them), and each response holds its
+# own tokens in whole blocks plus a copy of the prompt's last block (the last prompt token is always recomputed)
+KV_BLOCK = 16
 VLLM_CONTEXT_GIB = 0.75  # the vLLM process's CUDA context, cuBLAS/attention workspaces, sampler buffers
 VLLM_GRAPHS_GIB = 0.5  # CUDA graphs (rollout.enforce_eager=false)
-VLLM_BATCHED_TOKENS = 8192  # tokens of one vLLM forward at most: its max_num_batched_tokens, set to this
+# tokens of one vLLM forward at most: its max_num_batched_tokens, set to this. Chunked prefill splits a longer
+# prefill over steps, and decoding moves one token per row: 2048 keeps the GEMMs large while one forward's
+# working memory stays small (a 7B: 0.27 GiB, 1.1 at vLLM's 8192, which the cache would then have to spare)
+VLLM_BATCHED_TOKENS = 2048
 VLLM_MAX_SEQS = 1024  # rows decoded together at most: its max_num_seqs, set to min(this, one rollout's rows)
 
 
@@ -383,19 +394,23 @@ def vllm_limits(cfg: Config) -> tuple[int, int]:
     """(max_num_batched_tokens, max_num_seqs) vLLM gets with rollout.kv_cache_gib, so that its working
     memory is what vllm_need_gib counts (its defaults depend on the card)."""
     rows = min(cfg.trainer.batch_size * cfg.rollout.n, VLLM_MAX_SEQS)
-    return max(VLLM_BATCHED_TOKENS, cfg.full_length), rows
+    # whole prompts where chunked prefill is off (vLLM on the CPU); at least one token per decoding row
+    return max(VLLM_BATCHED_TOKENS, cfg.full_length, rows), rows
 
 
 def kv_cache_gib(cfg: Config, shape: Shape) -> float:
-    """rollout.kv_cache_gib per GPU: as given, or (auto) one rollout's rows at the full length, all at
-    once, with KV_MARGIN; 0 where gpu_memory_utilization decides."""
+    """rollout.kv_cache_gib per GPU: as given, or (auto) one rollout's KV at the longest lengths, all rows at
+    once: each prompt's blocks once, each response's own blocks (KV_BLOCK); 0 where gpu_memory_utilization
+    decides. Short of it, vLLM would preempt and recompute rows (slower, the same results)."""
     r = cfg.rollout
     if r.kv_cache_gib != "auto":
         return float(r.kv_cache_gib)
-    rows = cfg.trainer.batch_size * r.n
+    prompts = cfg.trainer.batch_size
+    blocks = -(-cfg.data.max_prompt_length // KV_BLOCK) * prompts
+    blocks += (-(-r.max_new_tokens // KV_BLOCK) + 1) * prompts * r.n
     b = 4 if cfg.model.dtype == "float32" else 2  # vLLM's KV in its serving dtype (AWQ: fp16)
     shards = min(max(len(r.gpus), 1), shape.kv_heads)  # past the KV heads' count they are replicated
-    per_gpu = rows * cfg.full_length * shape.kv_bytes_per_token(b) * KV_MARGIN / shards
+    per_gpu = blocks * KV_BLOCK * shape.kv_bytes_per_token(b) / shards
     return max(per_gpu / GIB, 0.25)
 
 
@@ -414,9 +429,11 @@ def vllm_need_gib(cfg: Config, shape: Shape) -> float:
 
 def knob(cfg: Config, p: GpuPlan) -> str:
     """The first knob that addresses the biggest part."""
+    smaller = "use rollout.quantization=awq" if cfg.rollout.quantization != "awq" else "use a smaller model"
     if p.vllm_budget_gib and p.vllm_weights_gib > 0.9 * p.vllm_budget_gib:
         return (f"vLLM's weights ({p.vllm_weights_gib:.1f} GiB) leave no room in rollout.gpu_memory_utilization="
-                f"{cfg.rollout.gpu_memory_utilization}: raise it or use rollout.quantization=awq")  # fmt: skip
+                f"{cfg.rollout.gpu_memory_utilization}: raise it, set rollout.kv_cache_gib=auto (one rollout's KV "
+                f"cache, no share of the card) or {smaller}")  # fmt: skip
     biggest = max(p.parts, key=lambda k: p.parts[k])
     if p.train_cap_gib and p.train_alloc_gib > USABLE * p.train_cap_gib and biggest.startswith("vLLM"):
         biggest = max((k for k in p.parts if not k.startswith("vLLM")), key=lambda k: p.parts[k])
@@ -435,7 +452,13 @@ def knob(cfg: Config, p: GpuPlan) -> str:
         return ("FSDP2 reduces the embeddings' and head's gradient in fp32 at the end of backward: use "
                 "train.backend=lora or qlora, or a card with more memory")  # fmt: skip
     if biggest.startswith("vLLM") and cfg.rollout.kv_cache_gib:
-        return f"lower rollout.kv_cache_gib (now {cfg.rollout.kv_cache_gib}) or use rollout.quantization=awq"
+        offload = (
+            ""
+            if cfg.train.offload_during_rollout or not cfg.hybrid
+            else ", set train.offload_during_rollout=true"
+        )
+        return (f"lower rollout.kv_cache_gib (now {cfg.rollout.kv_cache_gib}: auto is one rollout's rows), lower "
+                f"trainer.batch_size, rollout.n or the lengths{offload}, or {smaller}")  # fmt: skip
     if biggest.startswith("vLLM"):
         return f"lower rollout.gpu_memory_utilization (now {cfg.rollout.gpu_memory_utilization})"
     return "use a smaller model or more GPUs"
