@@ -25,9 +25,9 @@ def test_qwen_1_5b_by_hand():
     # LoRA: r * (in + out) per layer = 16 * 41,216; fp32 param + grad + AdamW m, v = 16 bytes each
     assert parts["LoRA + grads + AdamW"] == pytest.approx(28 * 16 * 41_216 * 16 / GIB)
     tokens = 8 * (512 + 16)
-    # checkpointed: 2 bytes x hidden per layer, plus one layer's full set of 16 hidden + 2 kv (256) + 4
-    # intermediate elements per token, 2 bytes each
-    one_layer = (16 * 1536 + 2 * 256 + 4 * 8960) * 2
+    # checkpointed: 2 bytes x hidden per layer, plus one layer's full set on a GPU of 9 hidden + 2 kv (256) +
+    # 4 intermediate elements per token and its backward's 2 intermediate-sized gradients, 2 bytes each
+    one_layer = (9 * 1536 + 2 * 256 + 4 * 8960 + 2 * 8960) * 2
     assert parts["activations"] == pytest.approx((28 * 2 * tokens * 1536 + tokens * one_layer) / GIB)
     # the fused head: 4 fp32 blocks of 128 MiB, one 16384-row vocabulary chunk of the weight in fp32
     assert parts["LM head working set"] == pytest.approx((4 * 128 * 2**20 + 16384 * 1536 * 4) / GIB)

@@ -6,9 +6,10 @@ The model's shape comes from its config.json. Per GPU, the roles placed on it ad
 * train: base weights (model.dtype bytes per parameter; qlora: NF4 = 0.5 byte + 1/64 for the block
   scales of the quantized linear layers, embeddings and head stay in model.dtype), LoRA parameters with
   their fp32 gradient and AdamW state (16 bytes per trainable parameter), activations of one micro-batch
-  (per layer and token Shape.layer_activation_elements: 16 hidden + 2 kv + 4 intermediate elements, no
-  attention matrix with SDPA/flash; with gradient checkpointing 2 * hidden per layer plus one layer's
-  full set) and the LM head's working set:
+  (per layer and token Shape.layer_activation_elements: 9 hidden + 2 kv + 4 intermediate elements on a GPU,
+  no attention matrix with SDPA/flash, 16 hidden on the CPU; with gradient checkpointing one hidden per
+  layer plus one layer's full set; on a GPU the gradients of one layer's backward on top) and the LM head's
+  working set:
   the update never holds [tokens, vocabulary] logits (train/head.fused_log_probs), only ~4 fp32 blocks of
   head.CHUNK_BYTES, one fp32 vocabulary chunk of the weight (fp32 head) and, for full fine-tuning, the
   head's weight gradient (model.dtype, summed in fp32 one vocabulary chunk at a time);
@@ -86,17 +87,23 @@ class Shape:
                 "o_proj": (self.heads * hd, h), "gate_proj": (h, self.intermediate), "up_proj": (h, self.intermediate),
                 "down_proj": (self.intermediate, h)}  # fmt: skip
 
-    def layer_activation_elements(self) -> int:
+    def layer_activation_elements(self, on_gpu: bool = True) -> int:
         """Elements one decoder layer keeps per token for its backward (LoRA on every linear, no
-        checkpointing): the two RMSNorms' inputs, fp32 copies and outputs (~8h), q, k, v with RoPE's
-        inputs and outputs (~4h + 2 kv), the attention output and o_proj's input (~2h), residuals (~2h),
-        and the SwiGLU MLP's gate, up, activation and product (4 intermediate). Measured on the CPU
-        (SmolLM2-135M, fp32, 1,536 and 6,144 tokens per forward/backward): ~15,000 elements per token and
-        layer, this count 15,744; the older 17 h (Korthikanti et al.'s GPT MLP of 4 h) was half of it.
-        A CPU trainer adds the attention scores (train_parts): padded rows, 4 per micro-batch, took ~100 KB per
-        token and layer there, not ~60."""
+        checkpointing). The SwiGLU MLP's gate, up, activation and product (4 intermediate) and k, v (2 kv)
+        either way. On a GPU in bf16 with a fused attention kernel, 9 hidden: each RMSNorm's fp32 input and
+        bf16 output (3 h each), RoPE's q, the attention output and its contiguous copy for o_proj. Measured
+        (H100, Qwen2.5-1.5B shape, bf16, e0dae4a): ~48,400 elements per token and layer without
+        checkpointing, this count 50,176. A CPU trainer (fp32, torch's math attention): ~15,000 measured
+        with SmolLM2-135M, where 16 hidden + 2 kv + 4 intermediate gives 15,744 (train_parts adds the
+        attention scores it keeps for padded rows)."""
         kv = self.kv_heads * self.head_size
-        return 16 * self.hidden + 2 * kv + 4 * self.intermediate
+        return (9 if on_gpu else 16) * self.hidden + 2 * kv + 4 * self.intermediate
+
+    def layer_backward_elements(self) -> int:
+        """Elements per token of the gradients in flight while one layer runs its backward on a GPU (its MLP's
+        intermediate-sized gradients): with checkpointing, one layer's recompute plus these measured ~68,500
+        per token on that H100 run, where the two counts give 68,096."""
+        return 2 * self.intermediate
 
     def linear_params(self) -> int:
         return self.layers * sum(i * o for i, o in self.linears().values())
@@ -193,14 +200,15 @@ def train_parts(cfg: Config, shape: Shape) -> dict[str, float]:
         static = full_parts(cfg, shape)
     tokens = t.micro_batch_size * cfg.full_length  # packed (train.pack_micro_batches) or not
     act16 = 2 if b == 2 else 4  # activation bytes per element relative to 16-bit
-    elements = shape.layer_activation_elements()
+    elements = shape.layer_activation_elements(on_gpu=bool(t.gpus))
+    backward = tokens * shape.layer_backward_elements() * act16 if t.gpus else 0
     if not t.gpus:  # torch's CPU attention with a padding mask is the math kernel: it keeps the scores
         elements += 3 * shape.heads * cfg.full_length  # per token: a row of scores, probabilities, grad
     per_layer_full = tokens * elements * act16  # act16: bytes per element
-    if t.checkpointing:
-        activations = shape.layers * 2 * tokens * shape.hidden * act16 / 2 + per_layer_full
+    if t.checkpointing:  # each layer's input, then one layer recomputed whole during its backward
+        activations = shape.layers * tokens * shape.hidden * act16 + per_layer_full + backward
     else:
-        activations = shape.layers * per_layer_full
+        activations = shape.layers * per_layer_full + backward
     return {**static, "activations": activations / GIB, "LM head working set": head_bytes(cfg, shape) / GIB}
 
 
