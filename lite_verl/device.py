@@ -72,6 +72,20 @@ def cap_memory(device: torch.device, gib: float) -> None:
     torch.cuda.set_per_process_memory_fraction(gib / total, device)
 
 
+def page_granular_allocator(device: torch.device) -> None:
+    """This process's CUDA caching allocator in expandable segments, before the trainer loads: emptying the
+    cache then returns every free page to the driver, not only wholly free segments. transformers loads a
+    model into one segment the size of the model (its allocator warm-up), and one tensor still in it kept
+    all of it reserved: parked for a rollout (train.offload_during_rollout), a QLoRA 7B trainer still held
+    6.0-6.6 GiB on an H200 beside vLLM (bench/card_peak.py, 2026-12-07). Set in-process, not through
+    PYTORCH_CUDA_ALLOC_CONF: a vLLM worker started from here inherits the environment, and its sleep-mode
+    memory pool refuses expandable segments. Only where no tensor of the trainer is shared with vLLM by
+    CUDA IPC (Config.park_before_sync: the adapter goes through host memory)."""
+    if device.type != "cuda":
+        return
+    torch.cuda.memory._set_allocator_settings("expandable_segments:True")
+
+
 def safe_attention_backward(device: torch.device) -> None:
     """Keeps the training backward off cuDNN's attention kernel on this process's GPUs.
 

@@ -60,3 +60,49 @@ def test_a_sync_before_the_trainer_leaves_wakes_vllms_weights_and_the_rollout_it
     engine.kv_after_sync = False
     engine.sync_weights(4)  # the trainer stays on the card: vLLM wakes whole, as before
     assert calls[4:] == [("sleep", 1), ("wake", None), ("push", 4)] and not engine.sleeping
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("nf4", [False, True])
+def test_a_parked_trainer_hands_the_card_back(tmp_path, nf4):
+    """On CUDA, as a run loads it (transformers puts the model into one allocator segment its size; nf4:
+    QLoRA's 4-bit base, which needs bitsandbytes): with an adapter and AdamW state, parked, this process
+    reserves almost nothing on the card; unparked, it computes the same logits. A QLoRA 7B once stayed
+    whole on an H200 while parked (the device tensors were still referenced while the cache was emptied)."""
+    if nf4:
+        pytest.importorskip(
+            "bitsandbytes", reason="bitsandbytes is not installed: pip install 'lite-verl[qlora]'"
+        )
+    from peft import LoraConfig, get_peft_model
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    from lite_verl.config import load_config
+    from lite_verl.device import page_granular_allocator
+    from lite_verl.model.load import load_model
+
+    shape = Qwen2Config(hidden_size=1024, intermediate_size=2816, num_hidden_layers=8, num_attention_heads=8,
+                        num_key_value_heads=2, vocab_size=32000)  # fmt: skip
+    Qwen2ForCausalLM(shape).save_pretrained(tmp_path)  # ~0.3 GiB in bf16
+    device = torch.device("cuda", 0)
+    torch.cuda.empty_cache()
+    page_granular_allocator(device)  # as build_rank_backend does for an offloaded adapter-synced trainer
+    try:
+        model = load_model(tmp_path, load_config("4090x1").model, device, nf4=nf4)
+        model = get_peft_model(model, LoraConfig(r=16, target_modules="all-linear"))
+        opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-4)
+        ids = torch.randint(0, 32000, (4, 64), device=device)
+        model(ids).logits.float().mean().backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        with torch.no_grad():
+            before = model(ids).logits.float()
+        held = torch.cuda.memory_reserved(device)
+        park = HostPark(device)
+        park.park([model], [opt])
+        assert torch.cuda.memory_reserved(device) < min(64 * 2**20, held / 4)
+        park.unpark([model], [opt])
+        with torch.no_grad():
+            assert torch.equal(model(ids).logits.float(), before)
+    finally:  # CUDA IPC of later tests in this process needs the default segments
+        torch.cuda.memory._set_allocator_settings("expandable_segments:False")

@@ -253,26 +253,36 @@ def plan(cfg: Config, shape: Shape, cards: Mapping[str, float] | None = None) ->
         if g in cfg.train.gpus:
             parts["runtime overhead"] = OVERHEAD_GIB
         sleeps = cfg.rollout.colocate and g in cfg.rollout.gpus and g in cfg.train.gpus
+        asleep = asleep_gib(cfg) if sleeps and cfg.rollout.engine == "vllm" else 0.0
+        if asleep:  # the update runs beside what a sleeping vLLM keeps
+            parts["vLLM asleep (during the update)"] = asleep
         if not sleeps:
             peak = static + vllm + dynamic
-        elif (
-            cfg.train.offload_during_rollout
-        ):  # start, rollout and an adapter sync (Config.park_before_sync):
-            # vLLM alone beside the trainer's process; update: as without; a merged sync: vLLM's weights and
-            # process beside the trainer (its KV cache comes back after), with the bucket and fp32 merged group
-            peak = max(OVERHEAD_GIB + vllm, static + dynamic)
+        elif cfg.train.offload_during_rollout:
+            # start, rollout and an adapter sync (Config.park_before_sync): vLLM alone beside the trainer's
+            # process; update: as without; a merged sync: vLLM's weights and process beside the trainer (its
+            # KV cache comes back after), with the bucket and fp32 merged group
+            peak = max(OVERHEAD_GIB + vllm, static + dynamic + asleep)
             if not cfg.park_before_sync:
                 peak = max(peak, static + served + sync_extra_gib(cfg, shape))
         else:  # rollout and sync: vLLM whole beside the trainer (a merged sync's working set on top); update
-            peak = max(static + vllm + merged_sync_gib(cfg, shape), static + dynamic)
+            peak = max(static + vllm + merged_sync_gib(cfg, shape), static + dynamic + asleep)
         alloc = static + dynamic - OVERHEAD_GIB if g in cfg.train.gpus else 0.0
         cap = cfg.train.max_memory_gib if g in cfg.train.gpus else 0.0
         out.append(GpuPlan(g, model, card, parts, peak, served, budget, alloc, cap))
     return out
 
 
-# vLLM's process while only its weights are awake (CUDA context, its graphs' pool): an estimate, as the trainer's
-VLLM_PROCESS_GIB = 0.5
+# vLLM's process beside its weights and KV cache: asleep (level 1: weights in host memory, KV cache freed) or with
+# only its weights awake for a sync, it keeps its CUDA context, its CUDA graphs' pool and compiled kernels.
+# Measured asleep: 1,606-1,684 MiB (H200, Qwen2.5-7B shape served AWQ, vLLM 0.26, graphs on; bench/card_peak.py's
+# per-process probe, 2026-12-07); 0.5 was the estimate before
+VLLM_PROCESS_GIB = 1.6
+
+
+def asleep_gib(cfg: Config) -> float:
+    """A sleeping colocated vLLM's share of the card during the update (without CUDA graphs: its context)."""
+    return VLLM_CONTEXT_GIB if cfg.rollout.enforce_eager else VLLM_PROCESS_GIB
 
 
 def sync_extra_gib(cfg: Config, shape: Shape) -> float:

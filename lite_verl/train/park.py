@@ -36,6 +36,18 @@ class HostPark:
     def park(self, modules: list[torch.nn.Module], optimizers: list[torch.optim.Optimizer]) -> None:
         if self.parked:
             return
+        # the device tensors' last references live in _move_out's frame: gone once it returns, so that the
+        # cache can be emptied (a list of them alive here kept the whole trainer on the card: 6 GiB for a
+        # QLoRA 7B on an H200 beside vLLM, bench/card_peak.py 2026-12-07)
+        self._move_out(modules, optimizers)
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)  # the copies are done before the device memory is reused
+            torch.cuda.ipc_collect()  # storages another process (vLLM, a merged sync) opened and released
+            torch.cuda.empty_cache()  # handed back to the driver, where vLLM's wake-up finds it
+            _warn_if_held(self.device)
+        self.parked = True
+
+    def _move_out(self, modules: list[torch.nn.Module], optimizers: list[torch.optim.Optimizer]) -> None:
         slots = [(s, t) for s, t in _tensors(modules, optimizers) if _on(t, self.device)]
         if any(self._host.get(s.key) is None or not _same_layout(self._host[s.key], t) for s, t in slots):
             self._allocate(slots)
@@ -45,11 +57,6 @@ class HostPark:
                 host.copy_(tensor, non_blocking=True)
             slot.put(host)
         self._frozen_copied = True
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)  # the copies are done before the device memory is reused
-            torch.cuda.ipc_collect()  # storages another process (vLLM, a merged sync) opened and released
-            torch.cuda.empty_cache()  # handed back to the driver, where vLLM's wake-up finds it
-        self.parked = True
 
     def unpark(self, modules: list[torch.nn.Module], optimizers: list[torch.optim.Optimizer]) -> None:
         if not self.parked:
@@ -74,6 +81,32 @@ class HostPark:
             view = self._buffer[offset : offset + nbytes].view(tensor.dtype).view(tensor.shape)
             self._host[slot.key] = view
             offset += size
+
+
+HELD_WARN_BYTES = 512 * 2**20  # left on the card after a park: worth a line (a CUDA context is not counted)
+
+
+def _warn_if_held(device: torch.device) -> None:
+    """One line when the card still holds more than HELD_WARN_BYTES of this process's tensors after a park:
+    the plan's offload peak then does not hold. Names the biggest tensors still alive (what to park too)."""
+    import gc
+    import sys
+
+    reserved, allocated = torch.cuda.memory_reserved(device), torch.cuda.memory_allocated(device)
+    if reserved <= HELD_WARN_BYTES:
+        return
+    alive: dict[tuple, int] = {}
+    for obj in gc.get_objects():
+        if isinstance(obj, torch.Tensor) and obj.is_cuda and _on(obj, device):
+            key = (tuple(obj.shape), str(obj.dtype).removeprefix("torch."))
+            alive[key] = alive.get(key, 0) + obj.numel() * obj.element_size()
+    biggest = sorted(alive.items(), key=lambda kv: -kv[1])[:4]
+    named = ", ".join(f"{list(shape)} {dtype} {n / 2**20:.0f} MiB" for (shape, dtype), n in biggest) or "none"
+    print(
+        f"lite-verl: parked, the trainer still reserves {reserved / 2**30:.2f} GiB on {device} "
+        f"({allocated / 2**30:.2f} GiB in live tensors; biggest: {named}): vLLM gets less than the plan says",
+        file=sys.stderr,
+    )
 
 
 def _aligned(nbytes: int) -> int:

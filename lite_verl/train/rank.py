@@ -31,8 +31,10 @@ def rank_device(train: TrainConfig, rank: int) -> torch.device:
 def build_rank_backend(cfg: Config, model_dir: Path, device: torch.device, world: int) -> TrainBackend:
     """The training backend of one rank of `world` on `device`, with its memory cap set and, for
     algorithm.adv_estimator=gae, its critic. LoRA replicas start equal: rank 0's values are broadcast."""
-    from lite_verl.device import cap_memory, safe_attention_backward
+    from lite_verl.device import cap_memory, page_granular_allocator, safe_attention_backward
 
+    if cfg.park_before_sync:  # parked, the trainer hands every page back to a colocated vLLM
+        page_granular_allocator(device)
     cap_memory(device, cfg.train.max_memory_gib)
     safe_attention_backward(device)
     # a diagnosis (README "Numerical and memory faults"): the first backward op that makes a NaN raises,
