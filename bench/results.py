@@ -114,7 +114,9 @@ NOTES = {  # what a reader must know about a table that its rows do not say
     " Goal 4 (plan within 10% of the trainer's measured peak): 32 rows +6% (6.12 vs 5.77), 128 rows -1.3%"
     " (13.26 vs 13.43), 8 rows +5% (4.34 vs 4.13); without checkpointing +21% (42.8 vs 35.2: the"
     " no-recompute activation count, measured on a CPU in fp32, is high for bf16 on a GPU; on the safe side,"
-    " refusing nothing that fits on a 24 GiB card here). `--profile` adds torch.profiler tables: its"
+    " refusing nothing that fits on a 24 GiB card here). The plan since cca00d3 counts 9 hidden (not 16) per"
+    " token and layer on a GPU plus one layer's backward gradients: for the same four configs it gives +6%,"
+    " +9%, +4% and +3% (recomputed on the CPU, not re-run). `--profile` adds torch.profiler tables: its"
     " key_averages over a host-bound update's ~100k events took minutes and cut the first call.",
     "signals": "#24's GPU acceptance, bench/gpu_signals.sh, on one H200 shared with three recipe jobs: the 4090x1 "
     "preset (bf16 rollout, eager vLLM) stopped after step 2 by `timeout -s TERM` and by SIGINT to the whole "
@@ -330,6 +332,14 @@ NOTES = {  # what a reader must know about a table that its rows do not say
     "slower than synchronous (157 vs 44 s). Later rows give the worker and the trainer one core each. The "
     "learning figures of the two staleness-1 runs are identical (same seeds, deterministic on the CPU). On 2 "
     "cores the overlap cannot pay (each side gets half the machine); it is for split GPUs.",
+    "card_peak": "#29 goal 3 on one H200 (2026-12-07, cca00d3): the 7B QLoRA + AWQ GRPO of the 4090x1 preset, "
+    "variant lean (kv_cache_gib=auto, offload_during_rollout, 8 rows per micro-batch). NEGATIVE: 16.5 GiB device-wide "
+    "against 9.5 planned (-43%). The lean_probe rows are a second run with nvidia-smi's per-process memory every 0.4 s: "
+    "the parked trainer kept 6.0-6.6 GiB on the card (HostPark emptied the cache while a list still referenced every "
+    "device tensor it had moved; fixed in 6817174, not yet re-measured), vLLM's process peaked at 9.4 GiB (planned part "
+    "9.0) and kept 1.6 GiB asleep (now in the plan), and the update phase peaked at 10.0 GiB. Step 10.6 s (target 12 s; "
+    "goal 6's 8 s missed): its update holds the KL reference's forward (1.4 s) and no separate old-log-prob pass. "
+    "The AWQ calibration of the random 7B on 16 prompts took 6 min 39 s of the first call.",
     "vs_trl": "CPU (2 cores), tiny:qwen2, both generating with HF transformers. Throughput counts generated "
     "tokens plus tokens through the update, per wall second of the training loop. The learning columns are "
     "not a like-for-like comparison yet: TRL's GRPO defaults (loss_type, reward scaling, clipping) differ "
