@@ -17,6 +17,7 @@ import time
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
 import torch
@@ -253,7 +254,8 @@ def train_step(
 
 def _park_trainer(session: Session) -> None:
     """train.offload_during_rollout: the trainer's tensors wait in host memory until the next update, so a
-    colocated vLLM has the card to itself while it generates (its KV cache comes back after this)."""
+    colocated vLLM has the card to itself while it generates (after a merged sync its KV cache comes back
+    after this; an adapter sync follows this and wakes vLLM whole)."""
     if session.cfg.train.offload_during_rollout:
         session.backend.park()
 
@@ -374,16 +376,29 @@ def _rollout_metrics(
     return metrics
 
 
+def serve_checkpoint(session: Session, ckpt: Path) -> dict[str, Any]:
+    """A checkpoint's trained state into the trainer, then into the engine, which started with the base's
+    weights; -> its state.json. In the order of a step's end: with train.offload_during_rollout vLLM sleeps
+    while the trainer comes back to the card, and the trainer leaves it again before an adapter sync
+    (Config.park_before_sync), after a merged one."""
+    if session.cfg.train.offload_during_rollout:
+        session.engine.sleep()
+    session.backend.load(ckpt)  # unparks: the optimizer state goes where its parameters are
+    state = json.loads((ckpt / "state.json").read_text())
+    if session.cfg.park_before_sync:
+        _park_trainer(session)
+    session.engine.sync_weights(int(state["step"]))
+    _park_trainer(session)
+    return state
+
+
 def _resume(session: Session, run: RunDir, ledger: Ledger) -> tuple[int, int]:
     """Load the latest checkpoint: -> (next step, prompts consumed)."""
     run.remove_stale_saves()
     ckpt = run.latest_checkpoint()
     if ckpt is None:
         raise UserError(f"--resume {run.path}: it holds no complete checkpoint; start a new run instead")
-    session.backend.load(ckpt)
-    state = json.loads((ckpt / "state.json").read_text())
-    # the engine serves the checkpoint's weights before the first resumed rollout (it started with the base's)
-    session.engine.sync_weights(int(state["step"]))
+    state = serve_checkpoint(session, ckpt)
     set_rng_state(torch.load(ckpt / "rng.pt", weights_only=False))
     ledger.restore(state.get("ledger", {}))
     session.kl_ctrl.value = float(state.get("kl_coef", session.kl_ctrl.value))

@@ -106,3 +106,30 @@ def test_a_parked_trainer_hands_the_card_back(tmp_path, nf4):
             assert torch.equal(model(ids).logits.float(), before)
     finally:  # CUDA IPC of later tests in this process needs the default segments
         torch.cuda.memory._set_allocator_settings("expandable_segments:False")
+
+
+@pytest.mark.parametrize(
+    ("sets", "order"),
+    [
+        (["train.offload_during_rollout=true"], ["sleep", "load", "park", "sync 3", "park"]),
+        (["train.offload_during_rollout=true", "sync.mode=merged"], ["sleep", "load", "sync 3", "park"]),
+        ([], ["load", "sync 3"]),
+    ],
+)
+def test_a_checkpoint_is_served_in_the_order_of_a_steps_end(tmp_path, sets, order):
+    """--resume and `lite-verl eval RUN`: vLLM sleeps while the parked trainer loads the checkpoint back onto
+    the card; an adapter sync follows the park (through host memory), a merged sync precedes it."""
+    import json
+
+    from lite_verl.config import load_config
+    from lite_verl.loop import serve_checkpoint
+
+    (tmp_path / "state.json").write_text(json.dumps({"step": 3}))
+    calls: list[str] = []
+    backend = SimpleNamespace(load=lambda d: calls.append("load"), park=lambda: calls.append("park"))
+    engine = SimpleNamespace(
+        sleep=lambda: calls.append("sleep"), sync_weights=lambda s: calls.append(f"sync {s}")
+    )
+    cfg = load_config("4090x1", None, ["train.backend=qlora", *sets])
+    assert serve_checkpoint(SimpleNamespace(cfg=cfg, backend=backend, engine=engine), tmp_path)["step"] == 3
+    assert calls == order

@@ -265,7 +265,7 @@ class VLLMRolloutEngine:
 
     def wake(self, reload: bool = True, weights_only: bool = False) -> None:
         """Take back the KV cache; after rollout.sleep_level=2 also the weights (unless `reload` is False:
-        a merged sync is about to load them all anyway). `weights_only`: the weights alone, for a sync
+        a merged sync is about to load them all anyway). `weights_only`: the weights alone, for a merged sync
         before the trainer leaves the card (train.offload_during_rollout); the next wake takes the rest."""
         if not self.sleeping or (weights_only and self.weights_awake):
             return

@@ -408,6 +408,7 @@ def _chosen(cfg: Config, shape: Shape, gpus: Sequence[Gpu], lighter: str | None)
     line = (f"auto: chose train.backend={t.backend}, rollout.quantization={r.quantization}, "
             f"train.gradient_checkpointing={str(t.gradient_checkpointing).lower()}, "
             f"train.micro_batch_size={t.micro_batch_size}"
-            f"{', rollout.kv_cache_gib=auto, train.offload_during_rollout=true' if t.offload_during_rollout else ''}"
+            f"{f', rollout.kv_cache_gib={r.kv_cache_gib}' if r.kv_cache_gib else ''}"
+            f"{', train.offload_during_rollout=true' if t.offload_during_rollout else ''}"
             f": {peaks}")  # fmt: skip
     return f"{line}; a lighter setting would not fit: {lighter}" if lighter else line

@@ -215,7 +215,7 @@ def run_eval(target: str, preset: str | None, config_file: str | None, sets: lis
              correct_fn: str = "", show: int = 2) -> dict[str, Any]:  # fmt: skip
     """Load, evaluate, print the table and `show` greedy completions of each verdict, write the JSON (with
     every greedy completion). -> the result."""
-    from lite_verl.loop import prepare
+    from lite_verl.loop import prepare, serve_checkpoint
 
     cfg, ckpt = eval_config(target, preset, config_file, sets, limit, recipe)
     cfg = replace(cfg, trainer=replace(cfg.trainer, progress=False))
@@ -223,8 +223,7 @@ def run_eval(target: str, preset: str | None, config_file: str | None, sets: lis
     session = prepare(cfg)
     try:
         if ckpt is not None:
-            session.backend.load(ckpt)  # the trained adapter (or weights); the engine then serves them
-            session.engine.sync_weights(int(json.loads((ckpt / "state.json").read_text())["step"]))
+            serve_checkpoint(session, ckpt)  # the trained adapter (or weights), served by the engine
         scores, completions = evaluate(session, k, correct, judge)
     finally:
         session.close()

@@ -28,7 +28,8 @@ The model's shape comes from its config.json. Per GPU, the roles placed on it ad
   vLLM's weights are offloaded to the host while it sleeps; with
   train.offload_during_rollout the trainer's static part waits in host memory while vLLM generates:
   max(overhead + vLLM, static + activations), and a merged sync (before the trainer leaves) adds
-  static + vLLM's weights + its working set;
+  static + vLLM's weights + its working set; beside every colocated update, what a sleeping vLLM keeps
+  (VLLM_PROCESS_GIB: its context, CUDA graphs and kernels);
 * runtime overhead: 0.5 GiB for the trainer process (CUDA context); vLLM's is inside its budget, which
   must also hold its weights (bf16, or AWQ 4-bit) with room for a KV cache.
 A config fits when the peak is within 95% of the card.
@@ -440,8 +441,9 @@ def vllm_need_gib(cfg: Config, shape: Shape) -> float:
     tokens, rows = vllm_limits(cfg)
     forward = tokens * (4 * shape.hidden + 3 * shape.intermediate / tp) * 2
     logits = rows * shape.vocab * 4 * 3  # logits, their log-softmax and the processed copy
-    graphs = 0.0 if r.enforce_eager else VLLM_GRAPHS_GIB
-    work = (forward + logits) / GIB + graphs + VLLM_CONTEXT_GIB
+    # its process: context, CUDA graphs' pool, kernels; no less awake than asleep (measured 1.6 GiB there)
+    process = max(VLLM_CONTEXT_GIB + (0.0 if r.enforce_eager else VLLM_GRAPHS_GIB), asleep_gib(cfg))
+    work = (forward + logits) / GIB + process
     return served_weights_gib(cfg, shape) / tp + kv_cache_gib(cfg, shape) + work
 
 

@@ -425,7 +425,7 @@ class LoraBackend:
 
     def load(self, directory: Path) -> None:
         """What `save` wrote, back on the card if it was parked (the optimizer's state goes where its
-        parameters are, and a sync reading the weights follows); the loop parks it again."""
+        parameters are); loop.serve_checkpoint parks it again around the sync."""
         self.unpark()
         self._load(directory)
 

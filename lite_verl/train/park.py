@@ -32,6 +32,7 @@ class HostPark:
         self._host: dict[object, torch.Tensor] = {}  # slot key -> its host copy (a view of _buffer)
         self._frozen_copied = False  # the frozen tensors' host copies hold their values (since _allocate)
         self._buffer: torch.Tensor | None = None
+        self._warned = False  # _warn_if_held: one line per run, not one per step
 
     def park(self, modules: list[torch.nn.Module], optimizers: list[torch.optim.Optimizer]) -> None:
         if self.parked:
@@ -44,7 +45,8 @@ class HostPark:
             torch.cuda.synchronize(self.device)  # the copies are done before the device memory is reused
             torch.cuda.ipc_collect()  # storages another process (vLLM, a merged sync) opened and released
             torch.cuda.empty_cache()  # handed back to the driver, where vLLM's wake-up finds it
-            _warn_if_held(self.device)
+            if not self._warned:
+                self._warned = _warn_if_held(self.device)
         self.parked = True
 
     def _move_out(self, modules: list[torch.nn.Module], optimizers: list[torch.optim.Optimizer]) -> None:
@@ -86,15 +88,16 @@ class HostPark:
 HELD_WARN_BYTES = 512 * 2**20  # left on the card after a park: worth a line (a CUDA context is not counted)
 
 
-def _warn_if_held(device: torch.device) -> None:
+def _warn_if_held(device: torch.device) -> bool:
     """One line when the card still holds more than HELD_WARN_BYTES of this process's tensors after a park:
-    the plan's offload peak then does not hold. Names the biggest tensors still alive (what to park too)."""
+    the plan's offload peak then does not hold. Names the biggest tensors still alive (what to park too).
+    -> whether it warned."""
     import gc
     import sys
 
     reserved, allocated = torch.cuda.memory_reserved(device), torch.cuda.memory_allocated(device)
     if reserved <= HELD_WARN_BYTES:
-        return
+        return False
     alive: dict[tuple, int] = {}
     for obj in gc.get_objects():
         if isinstance(obj, torch.Tensor) and obj.is_cuda and _on(obj, device):
@@ -107,6 +110,7 @@ def _warn_if_held(device: torch.device) -> None:
         f"({allocated / 2**30:.2f} GiB in live tensors; biggest: {named}): vLLM gets less than the plan says",
         file=sys.stderr,
     )
+    return True
 
 
 def _aligned(nbytes: int) -> int:
