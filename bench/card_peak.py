@@ -17,14 +17,16 @@ memory every 100 ms (every process on it). Variants change where and how only:
              `--preset auto` picks for a 12 GiB card
 Rows: the measured peak, the plan's predicted peak and its error (goal 4), the steady step time (after the
 first step) and its phases. Targets: <= 10 GiB at 7B, <= 4 GiB at 1.5B, a 7B step <= 12 s.
-The AWQ copy is calibrated once by `lite-verl quantize --max-prompts N` (--calib-prompts, 16 by default: the
-weights are random, so the calibration's quality is moot, and AutoAWQ's default of the run's first 512 prompts
-takes a 7B model most of a 10-minute call) in a child process, then given as rollout.quantized_path. Prompts
+The AWQ copy is lite-verl's unit-scale twin of the random weights (bench/awq_rollout.make_awq_twin: the same
+tensors, kernels and sync work as a calibrated copy; the weights are random, so calibration is moot), or with
+--calib-prompts N calibrated once by `lite-verl quantize --max-prompts N` (AutoAWQ: 6 min 39 s for a 7B on 16
+prompts on an H200, most of a 10-minute call), then given as rollout.quantized_path. Prompts
 are cut at 128 tokens (data.max_prompt_length, every variant; the echo task's are shorter), so vLLM's KV
 cache is sized for 128 + 256 tokens a row.
-Needs bitsandbytes and AutoAWQ beside vLLM (stage ../shared/gpu/sets/bnb.txt and awq.txt too). This process
+Needs bitsandbytes beside vLLM (stage ../shared/gpu/sets/bnb.txt too; awq.txt for --calib-prompts). This process
 never touches the card (the model is built by a child process), so the card's peak is the run's alone. One
-variant per call at 7B (a first AutoAWQ calibration, the 7B load and vLLM's start take minutes).
+or two variants per call at 7B (a variant took 176 s on an H200 for 3 steps, the 7B load and vLLM's start
+included; an AutoAWQ calibration takes a call of its own).
 """
 
 from __future__ import annotations
@@ -68,8 +70,13 @@ def built_model(size: str, root: Path) -> tuple[Path, str]:
 
 
 def quantized(model: Path, prompts: int) -> Path:
-    """The model's AWQ copy, calibrated on `prompts` built-in prompts by `lite-verl quantize` in a child
-    process (it allocates on the card); reused when already written."""
+    """The model's AWQ copy: lite-verl's unit-scale twin (prompts=0, bench/awq_rollout.make_awq_twin, in a child
+    process: it allocates on the card), or calibrated on `prompts` built-in prompts by `lite-verl quantize`;
+    reused when already written."""
+    if prompts == 0:
+        code = f"from pathlib import Path; from bench.awq_rollout import make_awq_twin; print(make_awq_twin(Path({str(model)!r})))"
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+        return Path(out.strip().splitlines()[-1])
     out = model.parent / f"{model.name}-awq-calib{prompts}"
     if not (out / "config.json").is_file():
         cmd = [
@@ -113,7 +120,8 @@ def main() -> None:
     ap.add_argument("--variants", default="preset,kv_auto,offload", help=f"of {', '.join(VARIANTS)}")
     ap.add_argument("--set", action="append", default=[], help="KEY=VALUE for every variant (where/how only)")
     ap.add_argument("--root", type=Path, default=Path("/tmp/lite-verl-bench-models"))
-    ap.add_argument("--calib-prompts", type=int, default=16, help="prompts calibrating the AWQ copy")
+    ap.add_argument("--calib-prompts", type=int, default=0,
+                    help="prompts calibrating the AWQ copy by AutoAWQ; 0: lite-verl's unit-scale twin (seconds)")  # fmt: skip
     ap.add_argument("--warm", action="store_true",
                     help="build the model and calibrate its AWQ copy (one step of the first variant), record nothing: "
                          "run beside other GPU work, then measure alone with the cache warm")  # fmt: skip
@@ -127,7 +135,8 @@ def main() -> None:
     for name in args.variants.split(","):
         out = run_variant(name, model, args)
         print(name, {k: round(v, 3) for k, v in out.items()}, flush=True)
-        settings = (f"4090x1 preset, qlora + AWQ rollout (calibrated on {args.calib_prompts} prompts), 16 prompts x 8 "
+        awq = f"calibrated on {args.calib_prompts} prompts" if args.calib_prompts else "unit-scale twin"
+        settings = (f"4090x1 preset, qlora + AWQ rollout ({awq}), 16 prompts x 8 "
                     f"x 256 new tokens, prompts <= 128 tokens, {args.steps} steps "
                     f"(steady: after the first), variant {name}: {' '.join(VARIANTS[name]) or 'as shipped'}"
                     f"{' ' + ' '.join(args.set) if args.set else ''}")  # fmt: skip

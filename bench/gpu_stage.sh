@@ -19,7 +19,7 @@ SMOLLM2=${SMOLLM2:-1}  # SMOLLM2=0: Gemma's GGUF alone (no SmolLM2, no GSM8K: on
 # eval failed at its first import on 2026-12-06; the versions of ../shared/gpu/sets/trl.txt, tested there
 # STAGE_SET=small leaves vLLM out (1 MiB in .stage/c1, for EXTRA_SETS=rollout.engine=hf runs of gpu_recipes.sh:
 # 3 calls in all instead of 12, when device time is short)
-# EXTRA_SETS="bnb awq": more of ../shared/gpu/sets/ (bench/card_peak.py's QLoRA + AWQ run needs those two)
+# EXTRA_SETS="bnb awq": more of ../shared/gpu/sets/ (bench/card_peak.py's QLoRA run needs bnb; awq only with --calib-prompts)
 # UNSLOTH=1: Unsloth's set too, and its pins trl 1.15 + datasets 4.8.5 as loose wheels in the models tar's uns/
 #   (`bash bench/gpu_session.sh trl STEPS SIZE SYNC LEVEL unsloth` installs them into /tmp/site_uns, first on the
 #   path of bench/vs_trl.py's Unsloth side only; ../shared/gpu/sets/unsloth.txt says why)
