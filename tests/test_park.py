@@ -39,6 +39,37 @@ def test_parking_moves_weights_buffers_and_optimizer_state_and_brings_them_back_
     opt.step()  # the optimizer still holds the same Parameter objects and its moved state
     with pytest.raises(RuntimeError, match="cannot park while it holds gradients"):
         park.park([model], [opt])
+    assert not park.parked  # nothing moved
+
+
+def test_a_park_cut_short_comes_back_whole(monkeypatch):
+    """A signal in the middle of a park: what moved comes back at unpark, and the next park is whole."""
+    from lite_verl.train import park as park_mod
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 4))
+    before = [p.detach().clone() for p in model.parameters()]
+    put, calls = park_mod._Slot.put, []
+
+    def put_then_signal(slot, tensor):
+        calls.append(1)
+        if len(calls) == 3:
+            raise KeyboardInterrupt
+        put(slot, tensor)
+
+    monkeypatch.setattr(park_mod._Slot, "put", put_then_signal)
+    park = HostPark(torch.device("cpu"))
+    with pytest.raises(KeyboardInterrupt):
+        park.park([model], [])
+    assert park.parked  # two of the four tensors moved
+    park.unpark([model], [])
+    assert all(torch.equal(p, b) for p, b in zip(model.parameters(), before))
+    monkeypatch.setattr(park_mod._Slot, "put", put)
+    ptrs = [p.data_ptr() for p in model.parameters()]
+    park.park([model], [])
+    assert all(p.data_ptr() != q for p, q in zip(model.parameters(), ptrs))
+    park.unpark([model], [])
+    assert all(torch.equal(p, b) for p, b in zip(model.parameters(), before))
 
 
 def test_a_sync_before_the_trainer_leaves_wakes_vllms_weights_and_the_rollout_its_kv_cache():

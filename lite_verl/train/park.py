@@ -40,14 +40,15 @@ class HostPark:
         # the device tensors' last references live in _move_out's frame: gone once it returns, so that the
         # cache can be emptied (a list of them alive here kept the whole trainer on the card: 6 GiB for a
         # QLoRA 7B on an H200 beside vLLM, bench/card_peak.py 2026-12-07)
-        self._move_out(modules, optimizers)
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)  # the copies are done before the device memory is reused
-            torch.cuda.ipc_collect()  # storages another process (vLLM, a merged sync) opened and released
-            torch.cuda.empty_cache()  # handed back to the driver, where vLLM's wake-up finds it
-            if not self._warned:
-                self._warned = _warn_if_held(self.device)
-        self.parked = True
+        try:
+            self._move_out(modules, optimizers)
+        finally:  # also after a move cut short (a signal): the copies finish, unpark brings back what moved
+            if self.device.type == "cuda":
+                torch.cuda.synchronize(self.device)  # the copies are done before the device memory is reused
+                torch.cuda.ipc_collect()  # storages another process (vLLM, a merged sync) opened and released
+                torch.cuda.empty_cache()  # handed back to the driver, where vLLM's wake-up finds it
+        if self.device.type == "cuda" and not self._warned:
+            self._warned = _warn_if_held(self.device)
 
     def _move_out(self, modules: list[torch.nn.Module], optimizers: list[torch.optim.Optimizer]) -> None:
         slots = [(s, t) for s, t in _tensors(modules, optimizers) if _on(t, self.device)]
@@ -58,7 +59,8 @@ class HostPark:
             if not (slot.frozen and self._frozen_copied):
                 host.copy_(tensor, non_blocking=True)
             slot.put(host)
-        self._frozen_copied = True
+            self.parked = True  # from the first move on: unpark checks every slot and brings back what moved
+        self._frozen_copied = True  # not after a move cut short: the next park copies the frozen ones again
 
     def unpark(self, modules: list[torch.nn.Module], optimizers: list[torch.optim.Optimizer]) -> None:
         if not self.parked:
