@@ -254,7 +254,7 @@ def plan(cfg: Config, shape: Shape, cards: Mapping[str, float] | None = None) ->
         if g in cfg.train.gpus:
             parts["runtime overhead"] = OVERHEAD_GIB
         sleeps = cfg.rollout.colocate and g in cfg.rollout.gpus and g in cfg.train.gpus
-        asleep = asleep_gib(cfg) if sleeps and cfg.rollout.engine == "vllm" else 0.0
+        asleep = vllm_process_gib(cfg) if sleeps and cfg.rollout.engine == "vllm" else 0.0
         if asleep:  # the update runs beside what a sleeping vLLM keeps
             parts["vLLM asleep (during the update)"] = asleep
         if not sleeps:
@@ -281,15 +281,15 @@ def plan(cfg: Config, shape: Shape, cards: Mapping[str, float] | None = None) ->
 VLLM_PROCESS_GIB = 1.6
 
 
-def asleep_gib(cfg: Config) -> float:
-    """A sleeping colocated vLLM's share of the card during the update (without CUDA graphs: its context)."""
+def vllm_process_gib(cfg: Config) -> float:
+    """vLLM's process beyond its weights and KV cache, awake or asleep (without CUDA graphs: its context)."""
     return VLLM_CONTEXT_GIB if cfg.rollout.enforce_eager else VLLM_PROCESS_GIB
 
 
 def sync_extra_gib(cfg: Config, shape: Shape) -> float:
     """Beyond vLLM's weights during a sync (train.offload_during_rollout: its KV cache comes back after):
     its process and the merged sync's working set."""
-    return VLLM_PROCESS_GIB + merged_sync_gib(cfg, shape)
+    return vllm_process_gib(cfg) + merged_sync_gib(cfg, shape)
 
 
 def merged_sync_gib(cfg: Config, shape: Shape) -> float:
@@ -395,13 +395,14 @@ def served_weights_gib(cfg: Config, shape: Shape) -> float:
     return (shape.linear_params() + shape.embedding_params()) * BYTES.get(cfg.model.dtype, 2) / GIB
 
 
-# rollout.kv_cache_gib: vLLM's parts besides weights and KV cache. ESTIMATES, not yet measured on a GPU
+# rollout.kv_cache_gib: how vLLM's KV cache and working memory are counted.
 # vLLM's KV block (tokens). The n responses of a prompt share its full blocks (prefix caching: the first
 # registers them when it is scheduled, its siblings of the same step find them), and each response holds its
 # own tokens in whole blocks plus a copy of the prompt's last block (the last prompt token is always recomputed)
 KV_BLOCK = 16
-VLLM_CONTEXT_GIB = 0.75  # the vLLM process's CUDA context, cuBLAS/attention workspaces, sampler buffers
-VLLM_GRAPHS_GIB = 0.5  # CUDA graphs (rollout.enforce_eager=false)
+# the vLLM process's CUDA context, cuBLAS/attention workspaces, sampler buffers without CUDA graphs (an estimate;
+# with graphs VLLM_PROCESS_GIB, measured)
+VLLM_CONTEXT_GIB = 0.75
 # tokens of one vLLM forward at most: its max_num_batched_tokens, set to this. Chunked prefill splits a longer
 # prefill over steps, and decoding moves one token per row: 2048 keeps the GEMMs large while one forward's
 # working memory stays small (a 7B: 0.27 GiB, 1.1 at vLLM's 8192, which the cache would then have to spare)
@@ -435,15 +436,13 @@ def kv_cache_gib(cfg: Config, shape: Shape) -> float:
 
 def vllm_need_gib(cfg: Config, shape: Shape) -> float:
     """vLLM's memory per GPU with an exact KV cache: its weights, the cache, one forward's working memory
-    (VLLM_BATCHED_TOKENS tokens through the widest layer; the sampled rows' fp32 logits), CUDA graphs and
-    its process's context. What it starts with as gpu_memory_utilization (of the card it finds)."""
-    r, tp = cfg.rollout, max(len(cfg.rollout.gpus), 1)
+    (VLLM_BATCHED_TOKENS tokens through the widest layer; the sampled rows' fp32 logits) and its process
+    (vllm_process_gib: context, CUDA graphs). What it starts with as gpu_memory_utilization (of the card it finds)."""
+    tp = max(len(cfg.rollout.gpus), 1)
     tokens, rows = vllm_limits(cfg)
     forward = tokens * (4 * shape.hidden + 3 * shape.intermediate / tp) * 2
     logits = rows * shape.vocab * 4 * 3  # logits, their log-softmax and the processed copy
-    # its process: context, CUDA graphs' pool, kernels; no less awake than asleep (measured 1.6 GiB there)
-    process = max(VLLM_CONTEXT_GIB + (0.0 if r.enforce_eager else VLLM_GRAPHS_GIB), asleep_gib(cfg))
-    work = (forward + logits) / GIB + process
+    work = (forward + logits) / GIB + vllm_process_gib(cfg)
     return served_weights_gib(cfg, shape) / tp + kv_cache_gib(cfg, shape) + work
 
 
