@@ -232,15 +232,7 @@ def train_step(
         advantages: list[torch.Tensor] = []  # [N] each response's first-token advantage, when sampled
         batch = UpdateBatch(rollout, scores, group_ids, baselines, step, _truncated(session, rollout))
         metrics = train_update(session, batch, advantages.append if keep_samples else None)
-    park_first = session.cfg.park_before_sync
-    if park_first:
-        with timer.phase("sleep"):
-            _park_trainer(session)
-    with timer.phase("sync"):
-        sync_s = session.engine.sync_weights(step)  # with a rollout in flight: waits for it, then loads
-    if not park_first:
-        with timer.phase("sleep"):
-            _park_trainer(session)
+    sync_s = _sync_and_park(session, step, timer)
     metrics.update(waited)
     metrics.update(_overlap(session, timer.spans["update"]))
     metrics.update(_rollout_metrics(rollout, scores, session.scorer.last_parts, group_ids))
@@ -250,6 +242,22 @@ def train_step(
         parts, adv = session.scorer.last_parts, (advantages[0] if advantages else None)
         samples.record(step, rows, texts, rollout, scores, parts, adv, session.engine.eos_ids)
     return metrics
+
+
+def _sync_and_park(session: Session, step: int, timer: PhaseTimer) -> float:
+    """The engine takes the trained weights; with train.offload_during_rollout the trainer leaves the card
+    before an adapter sync (Config.park_before_sync: through host memory), after a merged one (it merges on
+    the card). -> the sync's seconds; timed as phases sync and sleep."""
+    park_first = session.cfg.park_before_sync
+    if park_first:
+        with timer.phase("sleep"):
+            _park_trainer(session)
+    with timer.phase("sync"):
+        sync_s = session.engine.sync_weights(step)  # with a rollout in flight: waits for it, then loads
+    if not park_first:
+        with timer.phase("sleep"):
+            _park_trainer(session)
+    return sync_s
 
 
 def _park_trainer(session: Session) -> None:
@@ -378,17 +386,13 @@ def _rollout_metrics(
 
 def serve_checkpoint(session: Session, ckpt: Path) -> dict[str, Any]:
     """A checkpoint's trained state into the trainer, then into the engine, which started with the base's
-    weights; -> its state.json. In the order of a step's end: with train.offload_during_rollout vLLM sleeps
-    while the trainer comes back to the card, and the trainer leaves it again before an adapter sync
-    (Config.park_before_sync), after a merged one."""
+    weights; -> its state.json. As a step ends (_sync_and_park), with train.offload_during_rollout vLLM asleep
+    while the trainer comes back to the card."""
     if session.cfg.train.offload_during_rollout:
         session.engine.sleep()
     session.backend.load(ckpt)  # unparks: the optimizer state goes where its parameters are
     state = json.loads((ckpt / "state.json").read_text())
-    if session.cfg.park_before_sync:
-        _park_trainer(session)
-    session.engine.sync_weights(int(state["step"]))
-    _park_trainer(session)
+    _sync_and_park(session, int(state["step"]), PhaseTimer())
     return state
 
 

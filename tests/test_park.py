@@ -142,7 +142,7 @@ def test_a_parked_trainer_hands_the_card_back(tmp_path, nf4):
 @pytest.mark.parametrize(
     ("sets", "order"),
     [
-        (["train.offload_during_rollout=true"], ["sleep", "load", "park", "sync 3", "park"]),
+        (["train.offload_during_rollout=true"], ["sleep", "load", "park", "sync 3"]),
         (["train.offload_during_rollout=true", "sync.mode=merged"], ["sleep", "load", "sync 3", "park"]),
         ([], ["load", "sync 3"]),
     ],
