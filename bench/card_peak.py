@@ -61,22 +61,25 @@ def card_gib() -> float:
     return float(out.split()[0]) / 1024
 
 
-def built_model(size: str, root: Path) -> tuple[Path, str]:
-    """bench/gpu_models.bench_model in a child process: what it allocates on the card goes with it."""
-    code = f"from pathlib import Path; from bench.gpu_models import bench_model; print(*bench_model({size!r}, Path({str(root)!r})), sep='|')"
+def in_child(code: str) -> str:
+    """The last line `code` prints, run by a child Python: what it allocates on the card goes with it."""
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
-    path, label = out.strip().splitlines()[-1].split("|", 1)
+    return out.strip().splitlines()[-1]
+
+
+def built_model(size: str, root: Path) -> tuple[Path, str]:
+    """bench/gpu_models.bench_model, in a child process."""
+    path, label = in_child(f"from pathlib import Path; from bench.gpu_models import bench_model; "
+                           f"print(*bench_model({size!r}, Path({str(root)!r})), sep='|')").split("|", 1)  # fmt: skip
     return Path(path), label
 
 
 def quantized(model: Path, prompts: int) -> Path:
     """The model's AWQ copy: lite-verl's unit-scale twin (prompts=0, bench/awq_rollout.make_awq_twin, in a child
-    process: it allocates on the card), or calibrated on `prompts` built-in prompts by `lite-verl quantize`;
-    reused when already written."""
+    process), or calibrated on `prompts` built-in prompts by `lite-verl quantize`; reused when already written."""
     if prompts == 0:
-        code = f"from pathlib import Path; from bench.awq_rollout import make_awq_twin; print(make_awq_twin(Path({str(model)!r})))"
-        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
-        return Path(out.strip().splitlines()[-1])
+        return Path(in_child(f"from pathlib import Path; from bench.awq_rollout import make_awq_twin; "
+                             f"print(make_awq_twin(Path({str(model)!r})))"))  # fmt: skip
     out = model.parent / f"{model.name}-awq-calib{prompts}"
     if not (out / "config.json").is_file():
         cmd = [
