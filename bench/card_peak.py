@@ -15,6 +15,8 @@ memory every 100 ms (every process on it). Variants change where and how only:
              KV cache back only after
   lean       offload at the preset's 8 rows per forward/backward (train.grow_micro_batch=false): what
              `--preset auto` picks for a 12 GiB card
+  lean_eager lean with vLLM in eager mode (rollout.enforce_eager=true): no CUDA graphs in vLLM's process, whose
+             memory stays on the card while it sleeps; the 1.5B <= 4 GB target's last lever, at a slower decode
 Rows: the measured peak, the plan's predicted peak and its error (goal 4), the steady step time (after the
 first step) and its phases. Targets: <= 10 GiB at 7B, <= 4 GiB at 1.5B, a 7B step <= 12 s.
 The AWQ copy is lite-verl's unit-scale twin of the random weights (bench/awq_rollout.make_awq_twin: the same
@@ -50,6 +52,12 @@ VARIANTS = {
         "rollout.kv_cache_gib=auto",
         "train.offload_during_rollout=true",
         "train.grow_micro_batch=false",
+    ],
+    "lean_eager": [
+        "rollout.kv_cache_gib=auto",
+        "train.offload_during_rollout=true",
+        "train.grow_micro_batch=false",
+        "rollout.enforce_eager=true",
     ],
 }
 PHASES = ("rollout", "sleep", "update", "sync")
