@@ -50,6 +50,7 @@ VARIANTS = {
     "peft_casts": [],
     "grown": ["train.grow_micro_batch=true", "train.gradient_checkpointing=auto"],
     "liger": ["train.use_liger=true"],
+    "bf16": ["model.dtype=bfloat16"],
 }
 
 

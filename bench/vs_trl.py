@@ -55,6 +55,7 @@ class Shared:
 
 CPU, GPU = Shared(), Shared(prompts=32, new_tokens=256, lr=1e-5, micro=32)
 WARMUP = [2]  # steps left out of the steady figures (--warmup)
+TRL_CPU_BF16 = [False]  # --trl-bf16: TRL's own default on a CPU (bf16 autocast), not the fp32 both sides share
 CURVES: dict[
     str, list[list[tuple[int, float, float]]]
 ] = {}  # trainer -> per run: (step, wall s so far, reward)
@@ -148,7 +149,7 @@ def trl_config(s: Shared, steps: int, gpu: bool, seed: int):
 
     where = dict(
         per_device_train_batch_size=s.prompts * s.n, gradient_accumulation_steps=1, steps_per_generation=1, use_cpu=True,
-        bf16=False,
+        bf16=TRL_CPU_BF16[0],
     )  # fmt: skip
     if gpu:
         micro = s.micro
@@ -313,6 +314,9 @@ def describe(args: argparse.Namespace, s: Shared) -> tuple[str, str, str]:
         )
         settings = (f"CPU, {gen}, echo task, {s.prompts} prompts x {s.n}, <= {s.new_tokens} new tokens, LoRA r={s.rank}, "
                     f"lr {s.lr}, no KL, {args.steps} steps; TRL {trl_pkg.__version__}")  # fmt: skip
+        if args.trl_bf16:
+            settings += "; TRL with bf16=True (its default: bf16 autocast on the CPU, fp32 weights)"
+            cmd += " --trl-bf16"
         label = args.model
     if args.unsloth_site:
         settings += (f"; Unsloth {site_version(args.unsloth_site, 'unsloth')} (fast_inference: its vLLM serving the "
@@ -399,6 +403,8 @@ def parse_args() -> argparse.Namespace:
         "--unsloth-child", type=Path, help=argparse.SUPPRESS
     )  # unsloth(): the child's output file
     ap.add_argument("--seed", type=int, default=0, help=argparse.SUPPRESS)  # the child's seed
+    ap.add_argument("--trl-bf16", action="store_true",
+                    help="CPU: TRL's side with bf16=True, its own default (the CPU figures otherwise run both in fp32)")  # fmt: skip
     ap.add_argument("--engine", default="hf", choices=("hf", "vllm"), help="CPU: lite-verl's rollout engine")
     ap.add_argument("--prompts", type=int, default=0, help="CPU: prompts per step (0: 16)")
     ap.add_argument("--new-tokens", type=int, default=0, help="CPU: max new tokens (0: 16)")
@@ -455,6 +461,7 @@ UNITS = {
 def main() -> None:
     args = parse_args()
     WARMUP[0] = args.warmup
+    TRL_CPU_BF16[0] = args.trl_bf16
     if args.unsloth_child:
         unsloth_child(args.unsloth_child, args.model, args.steps, args.seed)
         return
