@@ -27,7 +27,7 @@ from pathlib import Path
 
 from bench.gpu_models import make_model
 from bench.results import REPORT, append, render
-from bench.train_run import train_run
+from bench.train_run import MEMORY_UNITS, PeakGpuMemory, memory_figures, train_run
 
 BACKEND_SETS = {
     "qlora": ["train.backend=qlora", "sync.mode=adapter"],
@@ -79,7 +79,9 @@ def run_variant(backend: str, size: str, args: argparse.Namespace, cmd: str) -> 
             "big_train", label, settings + f"; REFUSED by the plan: {refused}", "refused", 1.0, "bool", cmd
         )
         return
-    train, _, summary, wall = train_run("4090x1", Path(args.out) / f"{backend}-{size}", sets)
+    run_dir = Path(args.out) / f"{backend}-{size}"
+    with PeakGpuMemory() as mem:
+        train, _, summary, wall = train_run("4090x1", run_dir, sets)
     peak = float(summary.get("train_peak_gib") or 0.0)
     micro = min(r.get("train/micro_batch_size", args.micro) for r in train)
     if micro != args.micro:
@@ -97,6 +99,8 @@ def run_variant(backend: str, size: str, args: argparse.Namespace, cmd: str) -> 
             for part in ("experience", "optimizer")
         },
         "process_wall_s": (wall, "s"),
+        # device-wide, vLLM included (the figures above are the trainer's own, against its cap)
+        **{m: (v, MEMORY_UNITS[m]) for m, v in memory_figures(run_dir, mem).items()},
     }
     for metric, (value, unit) in figures.items():
         append("big_train", label, settings, metric, value, unit, cmd)

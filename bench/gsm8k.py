@@ -22,7 +22,14 @@ import time
 from pathlib import Path
 
 from bench.results import CURVES, REPORT, append, read_curve, render, write_curve
-from bench.train_run import reward_curve, single_process_group_env, train_run
+from bench.train_run import (
+    MEMORY_UNITS,
+    PeakGpuMemory,
+    memory_figures,
+    reward_curve,
+    single_process_group_env,
+    train_run,
+)
 
 PROMPTS, N, NEW_TOKENS, LR, RANK = 32, 8, 256, 2e-5, 16
 MICRO = 32  # sequences per forward/backward, both trainers
@@ -88,12 +95,17 @@ def lite_verl(model: Path, train: Path, test: Path, steps: int, lr: float, out: 
         f"train.micro_batch_size={MICRO}", "sync.mode=merged",
     ]  # fmt: skip
     run = out / "lite_verl_run"
-    rows, _, summary, _ = train_run("4090x1", run, sets)
+    with PeakGpuMemory() as mem:
+        rows, _, summary, _ = train_run("4090x1", run, sets)
     merged = out / "lite_verl_merged"
     subprocess.run(
         [sys.executable, "-m", "lite_verl", "export", str(run), str(merged), "--format", "hf"], check=True
     )
-    return evaluate(merged, test), {"rows": rows, "wall_s": float(summary["wall_s"])}
+    return evaluate(merged, test), {
+        "rows": rows,
+        "wall_s": float(summary["wall_s"]),
+        "memory": memory_figures(run, mem),
+    }
 
 
 def trl(model: Path, train: Path, steps: int, lr: float, out: Path) -> tuple[Path, dict]:
@@ -203,6 +215,8 @@ def main() -> None:
         report("lite_verl", after, ours["wall_s"], [r["reward/mean"] for r in rows], record, args.out)
         print(f"lite-verl after {args.steps} steps: {after:.4f} ({ours['wall_s']:.0f} s)", flush=True)
         curves["lite-verl"] = reward_curve(rows)
+        for metric, value in ours["memory"].items():
+            record(f"lite_verl_{metric}", value, MEMORY_UNITS[metric])
         # now, and again with TRL's: a cut run keeps lite-verl's
         write_curve("gsm8k", curve_tag(args.lr), about, curves)
     if args.only != "lite-verl":

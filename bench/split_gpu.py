@@ -21,7 +21,7 @@ from pathlib import Path
 
 from bench.gpu_models import make_model
 from bench.results import REPORT, append, render
-from bench.train_run import train_run
+from bench.train_run import MEMORY_UNITS, PeakGpuMemory, memory_figures, train_run
 
 
 def reward_model(out: Path, like: Path) -> Path:
@@ -71,7 +71,8 @@ def main() -> None:
             f"trainer.total_steps={args.steps}", "trainer.progress=false", "data.val_size=0",
         ]  # fmt: skip
         run_dir = Path(args.out) / f"s{staleness}"
-        train, _, summary, wall = train_run("4090x1" if gpu else "laptop", run_dir, sets)
+        with PeakGpuMemory() as mem:
+            train, _, summary, wall = train_run("4090x1" if gpu else "laptop", run_dir, sets)
         rm_held = sum(summary["on_demand_held_s"].values())  # seconds the reward model was loaded
         figures = {
             "train_wall_time": float(summary["wall_s"]),
@@ -81,6 +82,7 @@ def main() -> None:
             "reward_model_held_s": rm_held,
             "bill_usd": sum(b["cost_usd"] for b in summary["bill"]),
             "train_peak_gib": float(summary.get("train_peak_gib") or 0.0),
+            **memory_figures(run_dir, mem),
         }
         for b in summary["bill"]:
             figures[f"bill_{b['role']}_{b['device']}_held_s"] = b["held_s"]
@@ -91,7 +93,7 @@ def main() -> None:
             f"reward model (random 2-layer Qwen2 head) on cuda:0 with keep_alive_s=0"
         )
         for metric, value in figures.items() if gpu else ():
-            unit = {"bill_usd": "USD", "train_peak_gib": "GiB"}.get(
+            unit = {"bill_usd": "USD", "train_peak_gib": "GiB", **MEMORY_UNITS}.get(
                 metric, "tokens/s" if "tokens" in metric else "s"
             )
             append(

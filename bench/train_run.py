@@ -61,6 +61,40 @@ def planned_peak_gib(run_dir: Path) -> float:
     return sum(p.peak_gib for p in plan(cfg, shape_of(resolve_model_path(cfg.model)), cards))
 
 
+class PeakGpuMemory:
+    """Device-wide peak memory used on GPU 0 (every process on it), sampled by nvidia-smi every 100 ms while
+    the block runs; peak_gib stays None on a machine without nvidia-smi (a CPU run of a GPU bench)."""
+
+    def __enter__(self):
+        self.peak_gib: float | None = None
+        self.proc = None
+        if shutil.which("nvidia-smi"):
+            self.proc = subprocess.Popen(
+                ["nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader,nounits", "-lms", "100", "-i", "0"],
+                stdout=subprocess.PIPE, text=True,
+            )  # fmt: skip
+        return self
+
+    def __exit__(self, *exc):
+        if self.proc is not None:
+            self.proc.terminate()
+            out, _ = self.proc.communicate(timeout=10)
+            self.peak_gib = max((float(x) for x in out.split() if x.strip()), default=0.0) / 1024
+
+
+def memory_figures(run_dir: Path, mem: PeakGpuMemory) -> dict[str, float]:
+    """#29 goal 4 for one finished run: the measured device-wide peak, the plan's and its error (%); none on
+    a machine without a GPU. Every GPU bench that runs `lite-verl train` reports these three."""
+    if not mem.peak_gib:
+        return {}
+    plan = planned_peak_gib(run_dir)
+    return {"device_peak_gib": mem.peak_gib, "plan_peak_gib": plan,
+            "plan_error_pct": 100 * (plan - mem.peak_gib) / mem.peak_gib}  # fmt: skip
+
+
+MEMORY_UNITS = {"device_peak_gib": "GiB", "plan_peak_gib": "GiB", "plan_error_pct": "%"}
+
+
 def reward_curve(rows: list[dict]) -> list[tuple[int, float, float]]:
     """(step, wall seconds so far, mean reward) of a run's per-step rows (results.write_curve)."""
     clock = itertools.accumulate(r["timing/step_s"] for r in rows)

@@ -38,7 +38,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from bench.results import REPORT, append, render, write_curve
-from bench.train_run import planned_peak_gib, reward_curve, single_process_group_env, train_run
+from bench.train_run import PeakGpuMemory, planned_peak_gib, reward_curve, single_process_group_env, train_run
 
 
 @dataclass(frozen=True)
@@ -55,26 +55,12 @@ class Shared:
 
 CPU, GPU = Shared(), Shared(prompts=32, new_tokens=256, lr=1e-5, micro=32)
 WARMUP = [2]  # steps left out of the steady figures (--warmup)
-TRL_CPU_BF16 = [False]  # --trl-bf16: TRL's own default on a CPU (bf16 autocast), not the fp32 both sides share
+TRL_CPU_BF16 = [
+    False
+]  # --trl-bf16: TRL's own default on a CPU (bf16 autocast), not the fp32 both sides share
 CURVES: dict[
     str, list[list[tuple[int, float, float]]]
 ] = {}  # trainer -> per run: (step, wall s so far, reward)
-
-
-class PeakGpuMemory:
-    """Device-wide peak memory used (MiB), sampled by nvidia-smi every 100 ms while the block runs."""
-
-    def __enter__(self):
-        self.proc = subprocess.Popen(
-            ["nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader,nounits", "-lms", "100", "-i", "0"],
-            stdout=subprocess.PIPE, text=True,
-        )  # fmt: skip
-        return self
-
-    def __exit__(self, *exc):
-        self.proc.terminate()
-        out, _ = self.proc.communicate(timeout=10)
-        self.peak_gib = max((float(x) for x in out.split() if x.strip()), default=0.0) / 1024
 
 
 def steady(durations: list[float], gen: list[float], trained: list[float], warmup: int) -> dict[str, float]:

@@ -3,6 +3,7 @@ the topology check before anything loads."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -153,9 +154,9 @@ def test_a_config_file_wins_over_auto_too(tmp_path):
 
 def test_a_pinned_knob_that_cannot_fit_is_one_error_naming_the_size_and_the_tries():
     with pytest.raises(ConfigError, match=r"auto: a 7.6B-parameter model fits no candidate on 1x NVIDIA GeForce "
-                       r"RTX 3060 \(12 GiB\) \(tried 14 configs: train.backend lora, rollout.quantization none/awq, "
+                       r"RTX 3060 \(12 GiB\) \(tried 18 configs: train.backend lora, rollout.quantization none/awq, "
                        r"train.gradient_checkpointing false/true, train.micro_batch_size 8/4/2/1, "
-                       r"train.offload_during_rollout false/true\); the most frugal: "
+                       r"train.offload_during_rollout false/true, rollout.enforce_eager false/true\); the most frugal: "
                        r"GPU 0 \(RTX 3060\) would need .*use a smaller model or more GPUs"):  # fmt: skip
         choose(machine(1, "NVIDIA GeForce RTX 3060", 11.76), None, ["train.backend=lora"], QWEN_7B)
     # on a 24 GiB card the bf16 7B base fits once the trainer leaves the card to vLLM during rollouts
@@ -164,6 +165,25 @@ def test_a_pinned_knob_that_cannot_fit_is_one_error_naming_the_size_and_the_trie
     with pytest.raises(ConfigError, match=r"rollout.gpus names GPU 5, which this machine does not have"):
         choose(RTX4090x1, None, ["train.gpus=[5]", "rollout.gpus=[5]", "cost.gpu_models=[a, b, c, d, e, f]",
                                  "cost.price_per_hour={a: 0, f: 0}"], QWEN_1_5B)  # fmt: skip
+
+
+def test_a_4_gib_card_takes_a_1_5b_once_vllm_drops_its_cuda_graphs():
+    """#29 goal 3's 1.5B <= 4 GB: lean alone plans above a 4 GiB card; without CUDA graphs (whose pool a
+    sleeping vLLM keeps on the card) it fits, and the choice says decoding is slower."""
+    small = machine(1, "NVIDIA GeForce RTX 3050", 4.0)
+    choice = choose(small, None, [], QWEN_1_5B)
+    cfg = choice.cfg
+    assert (
+        cfg.rollout.enforce_eager and cfg.train.offload_during_rollout and cfg.rollout.kv_cache_gib == "auto"
+    )
+    assert fits(choice, QWEN_1_5B)
+    assert "rollout.enforce_eager=true (vLLM without CUDA graphs: slower decoding)" in choice.lines[-1]
+    graphs = dataclasses.replace(cfg, rollout=dataclasses.replace(cfg.rollout, enforce_eager=False))
+    (with_graphs,) = plan_on(graphs, QWEN_1_5B, choice.gpus)
+    (chosen,) = plan_on(cfg, QWEN_1_5B, choice.gpus)
+    assert with_graphs.peak_gib > small[0].free_gib >= chosen.peak_gib
+    # a card with room keeps the graphs
+    assert not choose(RTX4090x1, None, [], QWEN_1_5B).cfg.rollout.enforce_eager
 
 
 def test_what_is_free_now_decides_too():

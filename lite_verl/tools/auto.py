@@ -311,6 +311,9 @@ class Knobs:
     # rollout.kv_cache_gib=auto and train.offload_during_rollout: vLLM holds one rollout's KV cache, not a share
     # of the card, and the card holds vLLM or the trainer, not both (two host copies of the trainer a step)
     lean: bool = False
+    # rollout.enforce_eager: vLLM without CUDA graphs, whose pool stays on the card while vLLM sleeps (plan:
+    # VLLM_PROCESS_GIB against VLLM_CONTEXT_GIB); the last resort, as decoding slows without them
+    eager: bool = False
 
     def layer(self) -> dict[str, Any]:
         out: dict[str, Any] = {"rollout": {"quantization": self.quantization},
@@ -319,17 +322,20 @@ class Knobs:
         if self.lean:
             out["rollout"]["kv_cache_gib"] = "auto"
             out["train"]["offload_during_rollout"] = True
+        if self.eager:
+            out["rollout"]["enforce_eager"] = True
         return out
 
     def group(self) -> str:
         lean = ", one rollout's KV cache, trainer offloaded during rollouts" if self.lean else ""
-        return f"{self.backend} with {'AWQ' if self.quantization == 'awq' else 'unquantized'} rollout{lean}"
+        eager = ", vLLM without CUDA graphs" if self.eager else ""
+        return f"{self.backend} with {'AWQ' if self.quantization == 'awq' else 'unquantized'} rollout{lean}{eager}"
 
 
 def ladder(micro_batch_size: int) -> Iterator[Knobs]:
     """The candidates in the order auto tries them, the lightest change to the run first; last, the most
     frugal backend and rollout made lean (one card shared by vLLM and the trainer only: validation refuses
-    it elsewhere, and auto skips it there)."""
+    it elsewhere, and auto skips it there), and that without vLLM's CUDA graphs (slower decoding)."""
     quantizations: tuple[Quantization, ...] = ("none", "awq")
     backends: tuple[Backend, ...] = ("lora", "qlora")
     for quantization in quantizations:
@@ -337,6 +343,7 @@ def ladder(micro_batch_size: int) -> Iterator[Knobs]:
             yield Knobs(quantization, backend, False, micro_batch_size)
             yield from _halved(Knobs(quantization, backend, True, micro_batch_size))
     yield from _halved(Knobs("awq", "qlora", True, micro_batch_size, lean=True))
+    yield from _halved(Knobs("awq", "qlora", True, micro_batch_size, lean=True, eager=True))
 
 
 def _halved(k: Knobs) -> Iterator[Knobs]:
@@ -396,6 +403,7 @@ def _tried(seen: list[Config]) -> str:
         "train.gradient_checkpointing": [str(c.train.gradient_checkpointing).lower() for c in seen],
         "train.micro_batch_size": [str(c.train.micro_batch_size) for c in seen],
         "train.offload_during_rollout": [str(c.train.offload_during_rollout).lower() for c in seen],
+        "rollout.enforce_eager": [str(c.rollout.enforce_eager).lower() for c in seen],
     }
     return f"{len(seen)} configs: " + ", ".join(f"{k} {'/'.join(dict.fromkeys(v))}" for k, v in keys.items())
 
@@ -410,5 +418,6 @@ def _chosen(cfg: Config, shape: Shape, gpus: Sequence[Gpu], lighter: str | None)
             f"train.micro_batch_size={t.micro_batch_size}"
             f"{f', rollout.kv_cache_gib={r.kv_cache_gib}' if r.kv_cache_gib else ''}"
             f"{', train.offload_during_rollout=true' if t.offload_during_rollout else ''}"
+            f"{', rollout.enforce_eager=true (vLLM without CUDA graphs: slower decoding)' if r.enforce_eager else ''}"
             f": {peaks}")  # fmt: skip
     return f"{line}; a lighter setting would not fit: {lighter}" if lighter else line
