@@ -408,7 +408,22 @@ NOTES = {  # what a reader must know about a table that its rows do not say
     " (the plan chose 128 rows, checkpointing kept, so TRL's checkpointing stays a like-for-like choice): 1.47x"
     " by steady step (5.71 vs 8.41 s), 1.36x overall; its update 3.01 s (from 3.19) but its rollouts were"
     " bimodal, 1.84-1.91 s (34-36k tokens/s) on 3 steps and 2.73-2.96 s on 4 (metrics.jsonl of the run), cause"
-    " not found yet: with every rollout at the fast mode the step would be ~5.2 s.",
+    " not found yet: with every rollout at the fast mode the step would be ~5.2 s."
+    " 2026-12-07, goal 5 again, on another CPU of this kind (2 cores with AMX-bf16: a large fp32 matmul"
+    " 316 GFLOP/s, bf16 2.66 TFLOP/s), the real SmolLM2-135M-Instruct, HF generate on both sides, 4 prompts x 8"
+    " x <= 64 tokens, 4 steps, one pair each (`--engine hf`, then `--engine hf --trl-bf16 --set"
+    " model.dtype=bfloat16`; commits 0188cb8/3dcc7ed: the tree moved during the first pair, in bench and"
+    " auto code only): both in fp32 (the bench's CPU setting until now) 1.12x tokens/s, 1.16x by steady step"
+    " (30.2 vs 35.2 s); both in bf16 compute, TRL with bf16=True (which is GRPOConfig's own default, also on"
+    " a CPU: the earlier CPU pairs ran TRL in fp32, not at its default) and lite-verl with model.dtype=bfloat16"
+    " (LoRA adapters fp32, compute bf16 under autocast, as on the GPU): 1.25x tokens/s, 1.26x by steady"
+    " step (21.6 vs 27.2 s). NEGATIVE against 10x. bf16 cut lite-verl's update from 16.3 to 9.2 s"
+    " (profile_update on 32 rows x 64 tokens: 9.5 -> 5.9 s) and left its rollout at 13-14 s: HF generate"
+    " here is overhead-bound (a profile of 32 x 64 tokens: 40k small matmuls, 3.4 s of KV-cache concatenation,"
+    " 1.8 s of sampling's exponential_ over the 49k vocabulary; a static cache was slower, 12.2 vs 10.6 s), the"
+    " same engine TRL uses, so neither side can pull 10x ahead of the other. The laptop preset keeps fp32:"
+    " bf16 only pays on CPUs with native bf16 matmuls, and a preset that changed dtype by CPU would compute"
+    " different numbers on two laptops; `--set model.dtype=bfloat16` is the lever where the CPU has AMX.",
 }
 FIELDS = ("bench", "date", "commit", "hardware", "model", "settings", "metric", "value", "unit", "command")
 
