@@ -418,7 +418,7 @@ NOTES = {  # what a reader must know about a table that its rows do not say
     " a CPU: the earlier CPU pairs ran TRL in fp32, not at its default) and lite-verl with model.dtype=bfloat16"
     " (LoRA adapters fp32, compute bf16 under autocast, as on the GPU): 1.25x tokens/s, 1.26x by steady"
     " step (21.6 vs 27.2 s). NEGATIVE against 10x. bf16 cut lite-verl's update from 16.3 to 9.2 s"
-    " (profile_update on 32 rows x 64 tokens: 9.5 -> 5.9 s) and left its rollout at 13-14 s: HF generate"
+    " (profile_update, 32 rows x 64 tokens, one update: 11.7 -> 6.3 s) and left its rollout at 13-14 s: HF generate"
     " here is overhead-bound (a profile of 32 x 64 tokens: 40k small matmuls, 3.4 s of KV-cache concatenation,"
     " 1.8 s of sampling's exponential_ over the 49k vocabulary; a static cache was slower, 12.2 vs 10.6 s), the"
     " same engine TRL uses, so neither side can pull 10x ahead of the other. The laptop preset keeps fp32:"
