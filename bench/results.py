@@ -117,7 +117,11 @@ NOTES = {  # what a reader must know about a table that its rows do not say
     " refusing nothing that fits on a 24 GiB card here). The plan since cca00d3 counts 9 hidden (not 16) per"
     " token and layer on a GPU plus one layer's backward gradients: for the same four configs it gives +6%,"
     " +9%, +4% and +3% (recomputed on the CPU, not re-run). `--profile` adds torch.profiler tables: its"
-    " key_averages over a host-bound update's ~100k events took minutes and cut the first call.",
+    " key_averages over a host-bound update's ~100k events took minutes and cut the first call."
+    " 2026-12-07, CPU with AMX-bf16 (2 cores), SmolLM2-135M-Instruct, 32 rows x (32 + 32) tokens, the `bf16`"
+    " variant (model.dtype=bfloat16: fp32 adapters, bf16 compute): 11.7 -> 6.3 s against fp32. Its profile:"
+    " a third of the bf16 update is the fp32 LM head's chunks (the 49k-row head cast to fp32 per chunk, and exp"
+    " over [tokens, vocabulary] in fp32), which bf16 does not touch (model.fp32_lm_head keeps it exact).",
     "signals": "#24's GPU acceptance, bench/gpu_signals.sh, on one H200 shared with three recipe jobs: the 4090x1 "
     "preset (bf16 rollout, eager vLLM) stopped after step 2 by `timeout -s TERM` and by SIGINT to the whole "
     "process group exits 143 and 130, says a checkpoint was written, and leaves no process of the run. The "
