@@ -80,3 +80,16 @@ def test_a_gguf_module_older_than_the_converters_copy_is_found(tmp_path, monkeyp
     monkeypatch.setattr(doctor.metadata, "files", lambda name: record("OLD = 1\n"))
     assert doctor.gguf_files(have) == []
     assert doctor.gguf_files({"gguf": "0.19.0"}) == []
+
+
+def test_a_cpu_with_native_bf16_gets_a_note_and_one_without_none(monkeypatch):
+    import torch
+
+    from lite_verl.tools import doctor
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: True, raising=False)
+    lines = [f.line() for f in doctor.gpus()]
+    assert any("--set model.dtype=bfloat16" in line for line in lines), lines
+    monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: False, raising=False)
+    assert not any("bfloat16" in f.line() for f in doctor.gpus())
