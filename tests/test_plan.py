@@ -454,6 +454,24 @@ def test_an_exact_kv_cache_has_no_budget_to_fit_and_its_knob_is_named(monkeypatc
     assert plan_mod.vllm_limits(long) == (4096 + one.rollout.max_new_tokens, rows)
 
 
+def test_a_lean_vllm_over_the_card_is_told_its_next_lever():
+    """vLLM's part too big with kv_cache_gib set: the trainer's offload first, then no CUDA graphs, then neither."""
+    from lite_verl.tools import plan as plan_mod
+
+    base = ["train.backend=qlora", "rollout.quantization=awq", "rollout.kv_cache_gib=30"]
+    advice = []
+    for extra in ([], ["train.offload_during_rollout=true"],
+                  ["train.offload_during_rollout=true", "rollout.enforce_eager=true"]):  # fmt: skip
+        cfg = load_config("4090x1", None, [*base, *extra])
+        (p,) = plan_mod.plan(cfg, QWEN_1_5B)
+        assert not p.fits
+        advice.append(plan_mod.knob(cfg, p))
+    assert "set train.offload_during_rollout=true" in advice[0] and "enforce_eager" not in advice[0]
+    assert "set rollout.enforce_eager=true (no CUDA graphs: ~0.9 GiB less, slower decoding)" in advice[1]
+    assert "offload_during_rollout" not in advice[2] and "enforce_eager" not in advice[2]
+    assert all(a.startswith("lower rollout.kv_cache_gib (now 30.0") for a in advice)
+
+
 def test_growth_keeps_to_the_memory_free_on_a_shared_card(monkeypatch):
     from lite_verl.tools import plan as plan_mod
 

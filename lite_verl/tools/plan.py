@@ -471,16 +471,24 @@ def knob(cfg: Config, p: GpuPlan) -> str:
         return ("FSDP2 reduces the embeddings' and head's gradient in fp32 at the end of backward: use "
                 "train.backend=lora or qlora, or a card with more memory")  # fmt: skip
     if biggest.startswith("vLLM") and cfg.rollout.kv_cache_gib:
-        offload = (
-            ""
-            if cfg.train.offload_during_rollout or not cfg.hybrid
-            else ", set train.offload_during_rollout=true"
-        )
         return (f"lower rollout.kv_cache_gib (now {cfg.rollout.kv_cache_gib}: auto is one rollout's rows), lower "
-                f"trainer.batch_size, rollout.n or the lengths{offload}, or {smaller}")  # fmt: skip
+                f"trainer.batch_size, rollout.n or the lengths{_lean_knob(cfg)}, or {smaller}")  # fmt: skip
     if biggest.startswith("vLLM"):
         return f"lower rollout.gpu_memory_utilization (now {cfg.rollout.gpu_memory_utilization})"
     return "use a smaller model or more GPUs"
+
+
+def _lean_knob(cfg: Config) -> str:
+    """The next lever of a hybrid engine's vLLM part: the trainer off the card during rollouts, then vLLM
+    without CUDA graphs (their pool stays on the card while it sleeps)."""
+    if not cfg.hybrid:
+        return ""
+    if not cfg.train.offload_during_rollout:
+        return ", set train.offload_during_rollout=true"
+    if not cfg.rollout.enforce_eager:
+        gib = VLLM_PROCESS_GIB - VLLM_CONTEXT_GIB
+        return f", set rollout.enforce_eager=true (no CUDA graphs: ~{gib:.1f} GiB less, slower decoding)"
+    return ""
 
 
 def _offload_knob(cfg: Config, biggest: str) -> str:
