@@ -127,14 +127,16 @@ def test_a_parked_trainer_hands_the_card_back(tmp_path, nf4):
         opt.step()
         opt.zero_grad(set_to_none=True)
         with torch.no_grad():
-            before = model(ids).logits.float()
+            before = (
+                model(ids).logits.float().cpu()
+            )  # on the host: the test's own tensor is not the trainer's
         held = torch.cuda.memory_reserved(device)
         park = HostPark(device)
         park.park([model], [opt])
         assert torch.cuda.memory_reserved(device) < min(64 * 2**20, held / 4)
         park.unpark([model], [opt])
         with torch.no_grad():
-            assert torch.equal(model(ids).logits.float(), before)
+            assert torch.equal(model(ids).logits.float().cpu(), before)
     finally:  # CUDA IPC of later tests in this process needs the default segments
         torch.cuda.memory._set_allocator_settings("expandable_segments:False")
 

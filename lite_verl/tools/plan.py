@@ -400,9 +400,11 @@ def served_weights_gib(cfg: Config, shape: Shape) -> float:
 # registers them when it is scheduled, its siblings of the same step find them), and each response holds its
 # own tokens in whole blocks plus a copy of the prompt's last block (the last prompt token is always recomputed)
 KV_BLOCK = 16
-# the vLLM process's CUDA context, cuBLAS/attention workspaces, sampler buffers without CUDA graphs (an estimate;
-# with graphs VLLM_PROCESS_GIB, measured)
-VLLM_CONTEXT_GIB = 0.75
+# the vLLM process's CUDA context, cuBLAS/attention workspaces, sampler buffers without CUDA graphs (with them
+# VLLM_PROCESS_GIB). Measured: rollout.enforce_eager took 0.48 GiB off the device-wide peak of a lean 1.5B run
+# (H100, bench/card_peak.py lean vs lean_eager, 2026-12-07: 4.72 -> 4.24 GiB), not the 0.85 estimated before
+# (0.75 here), and it decoded 9x slower (rollout 1.84 -> 16.6 s)
+VLLM_CONTEXT_GIB = 1.12
 # tokens of one vLLM forward at most: its max_num_batched_tokens, set to this. Chunked prefill splits a longer
 # prefill over steps, and decoding moves one token per row: 2048 keeps the GEMMs large while one forward's
 # working memory stays small (a 7B: 0.27 GiB, 1.1 at vLLM's 8192, which the cache would then have to spare)
@@ -487,7 +489,7 @@ def _lean_knob(cfg: Config) -> str:
         return ", set train.offload_during_rollout=true"
     if not cfg.rollout.enforce_eager:
         gib = VLLM_PROCESS_GIB - VLLM_CONTEXT_GIB
-        return f", set rollout.enforce_eager=true (no CUDA graphs: ~{gib:.1f} GiB less, slower decoding)"
+        return f", set rollout.enforce_eager=true (no CUDA graphs: ~{gib:.1f} GiB less, rollouts several times slower)"
     return ""
 
 

@@ -46,6 +46,9 @@ class HostPark:
             if self.device.type == "cuda":
                 torch.cuda.synchronize(self.device)  # the copies are done before the device memory is reused
                 torch.cuda.ipc_collect()  # storages another process (vLLM, a merged sync) opened and released
+                # cuBLAS/cuBLASLt workspaces come from the caching allocator and stay allocated (~64 MiB on an
+                # H100, 2026-12-07); the next matmul after unpark makes them again
+                getattr(torch._C, "_cuda_clearCublasWorkspaces", lambda: None)()
                 torch.cuda.empty_cache()  # handed back to the driver, where vLLM's wake-up finds it
         if self.device.type == "cuda" and not self._warned:
             self._warned = _warn_if_held(self.device)
