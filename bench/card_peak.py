@@ -110,6 +110,11 @@ def run_variant(name: str, model: Path, args: argparse.Namespace) -> dict[str, f
             "rollout.max_new_tokens=256", f"trainer.total_steps={args.steps}", "data.val_size=0",
             "trainer.progress=false", "trainer.keep_checkpoints=0", "data.task=echo",
             f"rollout.gpu_memory_utilization={0.35 * CARD_GIB / card:.4f}", *VARIANTS[name], *args.set]  # fmt: skip
+    if not any(kv.startswith("rollout.kv_cache_gib=") for kv in sets):
+        # vLLM's budget is the scaled share of THIS card, while the run's own check sizes the preset's RTX 4090
+        # (24 GiB): it refused the preset variant on an H100 (2026-12-07); the plan figure recorded below uses
+        # this card's size, as the run does
+        sets.append("trainer.plan_check=false")
     run_dir = Path(f"/tmp/lite-verl-card-peak-{name}")
     with PeakGpuMemory() as mem:
         train, _, summary, wall = train_run("4090x1", run_dir, sets)
