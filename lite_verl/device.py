@@ -83,7 +83,14 @@ def page_granular_allocator(device: torch.device) -> None:
     CUDA IPC (Config.park_before_sync: the adapter goes through host memory)."""
     if device.type != "cuda":
         return
-    torch.cuda.memory._set_allocator_settings("expandable_segments:True")
+    allocator_settings("expandable_segments:True")
+
+
+def allocator_settings(settings: str) -> None:
+    """The caching allocator's settings (PYTORCH_CUDA_ALLOC_CONF's syntax) for this process, from now on:
+    torch's accelerator-wide setter where it has one (torch.cuda's older one warns it is deprecated there)."""
+    setter = getattr(torch._C, "_accelerator_setAllocatorSettings", None)
+    (setter or torch.cuda.memory._set_allocator_settings)(settings)
 
 
 def safe_attention_backward(device: torch.device) -> None:

@@ -109,7 +109,7 @@ def test_a_parked_trainer_hands_the_card_back(tmp_path, nf4):
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
     from lite_verl.config import load_config
-    from lite_verl.device import page_granular_allocator
+    from lite_verl.device import allocator_settings, page_granular_allocator
     from lite_verl.model.load import load_model
 
     shape = Qwen2Config(hidden_size=1024, intermediate_size=2816, num_hidden_layers=8, num_attention_heads=8,
@@ -138,7 +138,7 @@ def test_a_parked_trainer_hands_the_card_back(tmp_path, nf4):
         with torch.no_grad():
             assert torch.equal(model(ids).logits.float().cpu(), before)
     finally:  # CUDA IPC of later tests in this process needs the default segments
-        torch.cuda.memory._set_allocator_settings("expandable_segments:False")
+        allocator_settings("expandable_segments:False")
 
 
 @pytest.mark.parametrize(
