@@ -51,13 +51,13 @@ class Shared:
     lr: float = 3e-3
     rank: int = 16
     micro: int = 0  # sequences per forward/backward on both sides (0: each side's CPU default)
+    trl_cpu_bf16: bool = (
+        False  # --trl-bf16: TRL's own default on a CPU (bf16 autocast), not the fp32 both share
+    )
 
 
 CPU, GPU = Shared(), Shared(prompts=32, new_tokens=256, lr=1e-5, micro=32)
 WARMUP = [2]  # steps left out of the steady figures (--warmup)
-TRL_CPU_BF16 = [
-    False
-]  # --trl-bf16: TRL's own default on a CPU (bf16 autocast), not the fp32 both sides share
 CURVES: dict[
     str, list[list[tuple[int, float, float]]]
 ] = {}  # trainer -> per run: (step, wall s so far, reward)
@@ -135,7 +135,7 @@ def trl_config(s: Shared, steps: int, gpu: bool, seed: int):
 
     where = dict(
         per_device_train_batch_size=s.prompts * s.n, gradient_accumulation_steps=1, steps_per_generation=1, use_cpu=True,
-        bf16=TRL_CPU_BF16[0],
+        bf16=s.trl_cpu_bf16,
     )  # fmt: skip
     if gpu:
         micro = s.micro
@@ -447,7 +447,6 @@ UNITS = {
 def main() -> None:
     args = parse_args()
     WARMUP[0] = args.warmup
-    TRL_CPU_BF16[0] = args.trl_bf16
     if args.unsloth_child:
         unsloth_child(args.unsloth_child, args.model, args.steps, args.seed)
         return
@@ -460,6 +459,7 @@ def main() -> None:
             prompts=args.prompts or s.prompts,
             new_tokens=args.new_tokens or s.new_tokens,
             lr=args.lr or s.lr,
+            trl_cpu_bf16=args.trl_bf16,
         )
     model = args.model
     if args.gpu:
