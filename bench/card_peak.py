@@ -40,7 +40,7 @@ import sys
 from pathlib import Path
 
 from bench.results import append, render
-from bench.train_run import PeakGpuMemory, planned_peak_gib, train_run
+from bench.train_run import PeakGpuMemory, memory_figures, train_run
 
 CARD_GIB = 24.0  # the card the preset is written for
 VARIANTS = {
@@ -111,18 +111,17 @@ def run_variant(name: str, model: Path, args: argparse.Namespace) -> dict[str, f
             "trainer.progress=false", "trainer.keep_checkpoints=0", "data.task=echo",
             f"rollout.gpu_memory_utilization={0.35 * CARD_GIB / card:.4f}", *VARIANTS[name], *args.set]  # fmt: skip
     if not any(kv.startswith("rollout.kv_cache_gib=") for kv in sets):
-        # vLLM's budget is the scaled share of THIS card, while the run's own check sizes the preset's RTX 4090
-        # (24 GiB): it refused the preset variant on an H100 (2026-12-07); the plan figure recorded below uses
-        # this card's size, as the run does
+        # vLLM's budget is the scaled share of THIS card, while the run's own check sizes the card the preset
+        # prices (an RTX 4090, 24 GiB): it refused the preset variant on an H100 (2026-12-07). The plan figure
+        # recorded below sizes this card, as vLLM does (train_run.planned_peak_gib)
         sets.append("trainer.plan_check=false")
     run_dir = Path(f"/tmp/lite-verl-card-peak-{name}")
     with PeakGpuMemory() as mem:
         train, _, summary, wall = train_run("4090x1", run_dir, sets)
     steady = train[1:] or train
-    out = {"device_peak_gib": mem.peak_gib, "plan_peak_gib": planned_peak_gib(run_dir), "wall_s": wall,
+    out = {**memory_figures(run_dir, mem), "wall_s": wall,
            "steady_step_s": statistics.mean(r["timing/step_s"] for r in steady),
            "train_peak_gib": summary.get("train_peak_gib", 0.0)}  # fmt: skip
-    out["plan_error_pct"] = 100 * (out["plan_peak_gib"] - mem.peak_gib) / mem.peak_gib
     for phase in PHASES:
         out[f"{phase}_s"] = statistics.mean(r.get(f"timing/{phase}_s", 0.0) for r in steady)
     return out
