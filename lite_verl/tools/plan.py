@@ -279,6 +279,11 @@ def plan(cfg: Config, shape: Shape, cards: Mapping[str, float] | None = None) ->
 # Measured asleep: 1,606-1,684 MiB (H200, Qwen2.5-7B shape served AWQ, vLLM 0.26, graphs on; bench/card_peak.py's
 # per-process probe, 2026-12-07); 0.5 was the estimate before
 VLLM_PROCESS_GIB = 1.6
+# the vLLM process's CUDA context, cuBLAS/attention workspaces, sampler buffers without CUDA graphs (with them
+# the above). Measured: rollout.enforce_eager took 0.48 GiB off the device-wide peak of a lean 1.5B run
+# (H100, bench/card_peak.py lean vs lean_eager, 2026-12-07: 4.72 -> 4.24 GiB), not the 0.85 estimated before
+# (0.75 here), and it decoded 9x slower (rollout 1.84 -> 16.6 s)
+VLLM_CONTEXT_GIB = 1.12
 
 
 def vllm_process_gib(cfg: Config) -> float:
@@ -400,11 +405,6 @@ def served_weights_gib(cfg: Config, shape: Shape) -> float:
 # registers them when it is scheduled, its siblings of the same step find them), and each response holds its
 # own tokens in whole blocks plus a copy of the prompt's last block (the last prompt token is always recomputed)
 KV_BLOCK = 16
-# the vLLM process's CUDA context, cuBLAS/attention workspaces, sampler buffers without CUDA graphs (with them
-# VLLM_PROCESS_GIB). Measured: rollout.enforce_eager took 0.48 GiB off the device-wide peak of a lean 1.5B run
-# (H100, bench/card_peak.py lean vs lean_eager, 2026-12-07: 4.72 -> 4.24 GiB), not the 0.85 estimated before
-# (0.75 here), and it decoded 9x slower (rollout 1.84 -> 16.6 s)
-VLLM_CONTEXT_GIB = 1.12
 # tokens of one vLLM forward at most: its max_num_batched_tokens, set to this. Chunked prefill splits a longer
 # prefill over steps, and decoding moves one token per row: 2048 keeps the GEMMs large while one forward's
 # working memory stays small (a 7B: 0.27 GiB, 1.1 at vLLM's 8192, which the cache would then have to spare)
