@@ -18,7 +18,9 @@ memory every 100 ms (every process on it). Variants change where and how only:
   lean_eager lean with vLLM in eager mode (rollout.enforce_eager=true): no CUDA graphs in vLLM's process, whose
              memory stays on the card while it sleeps; the 1.5B <= 4 GB target's last lever, at a slower decode
 Rows: the measured peak, the plan's predicted peak and its error (goal 4), the steady step time (after the
-first step) and its phases. Targets: <= 10 GiB at 7B, <= 4 GiB at 1.5B, a 7B step <= 12 s.
+first step) and its phases, and (NVML, where pynvml is) the peak split by process: trainer, vLLM's worker and
+what no process holds; the timeline goes to /tmp/lite-verl-card-peak-VARIANT.mem.jsonl.
+Targets: <= 10 GiB at 7B, <= 4 GiB at 1.5B, a 7B step <= 12 s.
 The AWQ copy is lite-verl's unit-scale twin of the random weights (bench/awq_rollout.make_awq_twin: the same
 tensors, kernels and sync work as a calibrated copy; the weights are random, so calibration is moot), or with
 --calib-prompts N calibrated once by `lite-verl quantize --max-prompts N` (AutoAWQ: 6 min 39 s for a 7B on 16
@@ -40,7 +42,7 @@ import sys
 from pathlib import Path
 
 from bench.results import append, render
-from bench.train_run import PeakGpuMemory, memory_figures, train_run
+from bench.train_run import PeakGpuMemory, ProcessMemory, memory_figures, train_run
 
 CARD_GIB = 24.0  # the card the preset is written for
 VARIANTS = {
@@ -116,10 +118,13 @@ def run_variant(name: str, model: Path, args: argparse.Namespace) -> dict[str, f
         # recorded below sizes this card, as vLLM does (train_run.planned_peak_gib)
         sets.append("trainer.plan_check=false")
     run_dir = Path(f"/tmp/lite-verl-card-peak-{name}")
-    with PeakGpuMemory() as mem:
+    with PeakGpuMemory() as mem, ProcessMemory() as procs:
         train, _, summary, wall = train_run("4090x1", run_dir, sets)
+    run_dir.parent.joinpath(f"{run_dir.name}.mem.jsonl").write_text(
+        procs.timeline()
+    )  # gpu_session.sh brings it back
     steady = train[1:] or train
-    out = {**memory_figures(run_dir, mem), "wall_s": wall,
+    out = {**memory_figures(run_dir, mem), **procs.figures(), "wall_s": wall,
            "steady_step_s": statistics.mean(r["timing/step_s"] for r in steady),
            "train_peak_gib": summary.get("train_peak_gib", 0.0)}  # fmt: skip
     for phase in PHASES:

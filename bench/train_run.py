@@ -8,6 +8,7 @@ import shutil
 import statistics
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -80,6 +81,75 @@ class PeakGpuMemory:
             self.proc.terminate()
             out, _ = self.proc.communicate(timeout=10)
             self.peak_gib = max((float(x) for x in out.split() if x.strip()), default=0.0) / 1024
+
+
+class ProcessMemory:
+    """Who holds the card: NVML's per-process memory on GPU 0 (what `nvidia-smi --query-compute-apps` lists)
+    and the device's used memory, sampled every 100 ms while the block runs, to split a device-wide peak into
+    the trainer, vLLM's worker and what no process accounts for (contexts of exited processes, the driver).
+    figures() is {} without pynvml (vLLM brings it) or a GPU; timeline() is every sample, for reading."""
+
+    def __enter__(self):
+        self.samples: list[tuple[float, float, dict[int, float]]] = []  # (s, device GiB, {pid: GiB})
+        self.labels: dict[int, str] = {}
+        self._stop = threading.Event()
+        self._thread = None
+        try:
+            import pynvml
+
+            pynvml.nvmlInit()
+            handle = pynvml.nvmlDeviceGetHandleByIndex(0)
+        except Exception as e:  # noqa: BLE001 - a CPU machine or no pynvml: no per-process figures
+            print(f"per-process memory not sampled: {e}", file=sys.stderr)
+            return self
+        self._thread = threading.Thread(target=self._sample, args=(pynvml, handle), daemon=True)
+        self._thread.start()
+        return self
+
+    def _sample(self, nvml, handle) -> None:
+        t0 = time.perf_counter()
+        while not self._stop.wait(0.1):
+            used = nvml.nvmlDeviceGetMemoryInfo(handle).used / 2**30
+            procs = {
+                p.pid: (p.usedGpuMemory or 0) / 2**30
+                for p in nvml.nvmlDeviceGetComputeRunningProcesses(handle)
+            }
+            for pid in procs:
+                self.labels.setdefault(pid, _process_label(pid, len(self.labels)))
+            self.samples.append((time.perf_counter() - t0, used, procs))
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+
+    def figures(self) -> dict[str, float]:
+        """The device's peak sample split by process, and each process's own peak (GiB)."""
+        if not self.samples:
+            return {}
+        _, used, procs = max(self.samples, key=lambda s: s[1])
+        out = {"nvml_device_peak_gib": used, "at_peak_outside_processes_gib": used - sum(procs.values())}
+        out |= {f"at_peak_{self.labels[pid]}_gib": gib for pid, gib in procs.items()}
+        for pid, label in self.labels.items():
+            out[f"{label}_peak_gib"] = max(s[2].get(pid, 0.0) for s in self.samples)
+        return out
+
+    def timeline(self) -> str:
+        return "".join(json.dumps({"t": round(t, 2), "device": round(u, 3),
+                                   **{self.labels[p]: round(g, 3) for p, g in procs.items()}}) + "\n"
+                       for t, u, procs in self.samples)  # fmt: skip
+
+
+def _process_label(pid: int, seen: int) -> str:
+    """'trainer' for `lite-verl train` itself (rank 0 trains in the controller's process), 'worker' for a
+    process it spawned (vLLM's, a rank's), 'procN' where the container hides the host's pids."""
+    try:
+        cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return f"proc{seen}"
+    if "multiprocessing" in cmd:
+        return f"worker{seen}"
+    return "trainer" if "lite_verl" in cmd else f"proc{seen}"
 
 
 def memory_figures(run_dir: Path, mem: PeakGpuMemory) -> dict[str, float]:
