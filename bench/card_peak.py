@@ -112,11 +112,6 @@ def run_variant(name: str, model: Path, args: argparse.Namespace) -> dict[str, f
             "rollout.max_new_tokens=256", f"trainer.total_steps={args.steps}", "data.val_size=0",
             "trainer.progress=false", "trainer.keep_checkpoints=0", "data.task=echo",
             f"rollout.gpu_memory_utilization={0.35 * CARD_GIB / card:.4f}", *VARIANTS[name], *args.set]  # fmt: skip
-    if not any(kv.startswith("rollout.kv_cache_gib=") for kv in sets):
-        # vLLM's budget is the scaled share of THIS card, while the run's own check sizes the card the preset
-        # prices (an RTX 4090, 24 GiB): it refused the preset variant on an H100 (2026-12-07). The plan figure
-        # recorded below sizes this card, as vLLM does (train_run.planned_peak_gib)
-        sets.append("trainer.plan_check=false")
     run_dir = Path(f"/tmp/lite-verl-card-peak-{name}")
     with PeakGpuMemory() as mem, ProcessMemory() as procs:
         train, _, summary, wall = train_run("4090x1", run_dir, sets)

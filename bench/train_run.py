@@ -48,18 +48,15 @@ def train_run(
 
 def planned_peak_gib(run_dir: Path) -> float:
     """The plan's device-wide peak for a finished run (its config.yaml, auto knobs decided), on this machine's
-    cards: the preset's priced card names take the detected sizes (a 4090x1 layout on an H200 budgets vLLM's
+    cards, as the run's own check sizes them (a 4090x1 layout on an H200 budgets vLLM's
     gpu_memory_utilization of the H200). Goal 4 of #29 compares it with the measured peak."""
     from lite_verl.model.load import resolve_model_path
     from lite_verl.run.rundir import load_run_config
-    from lite_verl.tools.auto import detect
+    from lite_verl.tools.auto import card_sizes, detect
     from lite_verl.tools.plan import plan, shape_of
 
     cfg = load_run_config(run_dir, [])
-    sizes = {g.id: g.total_gib for g in detect()}
-    names = cfg.cost.gpu_models
-    cards = {names[g]: sizes[g] for g in cfg.used_gpus if g in sizes and g < len(names)}
-    return sum(p.peak_gib for p in plan(cfg, shape_of(resolve_model_path(cfg.model)), cards))
+    return sum(p.peak_gib for p in plan(cfg, shape_of(resolve_model_path(cfg.model)), card_sizes(detect())))
 
 
 class PeakGpuMemory:

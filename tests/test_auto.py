@@ -318,3 +318,20 @@ def test_auto_with_grow_micro_batch_lets_the_plan_choose_checkpointing_for_more_
     assert choice.cfg.train.gradient_checkpointing == "auto"
     decided = plan.decide_memory_knobs(choice.cfg, QWEN_1_5B, auto.card_sizes(RTX4090x1))
     assert decided.train.micro_batch_size > choice.cfg.train.micro_batch_size
+
+
+def test_a_preset_for_another_card_is_planned_on_the_card_this_machine_has():
+    """vLLM's gpu_memory_utilization is a share of the card it finds, so the plan sizes the detected card, not
+    the one cost.gpu_models names: the 4090x1 preset on an 80 GiB card gives vLLM 0.35 of 80 GiB (a run's
+    check sized a 24 GiB card and refused a vLLM budget scaled to an H100, 2026-12-07), and on a 16 GiB card
+    0.35 of 16. `lite-verl plan --preset 4090x1` without detection still plans the named card."""
+    from lite_verl.tools.auto import card_sizes
+
+    cfg = load_config("4090x1", None, ["rollout.quantization=none"])
+    util = cfg.rollout.gpu_memory_utilization
+    named = planner.plan(cfg, QWEN_1_5B)[0]
+    assert named.card_gib == 24.0 and named.parts["vLLM (gpu_memory_utilization)"] == pytest.approx(util * 24)
+    for total in (79.1, 15.6):
+        p = planner.plan(cfg, QWEN_1_5B, card_sizes(machine(1, "NVIDIA H100 80GB HBM3", total)))[0]
+        assert p.model == "RTX 4090" and p.card_gib == total  # priced as named, sized as found
+        assert p.parts["vLLM (gpu_memory_utilization)"] == pytest.approx(util * total)

@@ -113,10 +113,10 @@ def detect() -> list[Gpu]:
     ]
 
 
-def card_sizes(gpus: Sequence[Gpu]) -> dict[str, float]:
-    """Detected cards by the plan's name -> measured GiB: plan.plan() sizes each by it (an A10 has 22.5
-    GiB, not 24; an unknown card is not assumed to have 24)."""
-    return {g.card: g.total_gib for g in gpus}
+def card_sizes(gpus: Sequence[Gpu]) -> dict[int, float]:
+    """Detected cards by local id -> measured GiB: plan.plan() sizes each GPU by it (an A10 has 22.5 GiB, not
+    24; an unknown card is not assumed to have 24; a 4090 preset run on an H100 gives vLLM a share of 80)."""
+    return {g.id: g.total_gib for g in gpus}
 
 
 def plan_on(cfg: Config, shape: Shape, gpus: Sequence[Gpu]) -> list[GpuPlan]:

@@ -226,14 +226,15 @@ def head_bytes(cfg: Config, shape: Shape) -> float:
     return blocks + grad
 
 
-def plan(cfg: Config, shape: Shape, cards: Mapping[str, float] | None = None) -> list[GpuPlan]:
-    """Per GPU of the config. A card's size comes from `cards` (name -> GiB, e.g. measured by `--preset
-    auto`), else CARD_GIB by its cost.gpu_models name, else 24 GiB."""
+def plan(cfg: Config, shape: Shape, cards: Mapping[int, float] | None = None) -> list[GpuPlan]:
+    """Per GPU of the config. A card's size comes from `cards` (local GPU id -> GiB, as detected on this
+    machine: what vLLM's gpu_memory_utilization is a share of, whatever card cost.gpu_models names), else
+    CARD_GIB by its cost.gpu_models name (planning for another machine), else 24 GiB."""
     gpus = sorted(set(cfg.rollout.gpus) | set(cfg.train.gpus))
     out = []
     for g in gpus:
         model = cfg.cost.gpu_models[g] if g < len(cfg.cost.gpu_models) else "?"
-        card = (cards or {}).get(model) or CARD_GIB.get(model, 24.0)
+        card = (cards or {}).get(g) or CARD_GIB.get(model, 24.0)
         parts: dict[str, float] = {}
         static = dynamic = 0.0
         if g in cfg.train.gpus:
@@ -531,7 +532,7 @@ def shape_of(model_dir: Path) -> Shape:
 def decide_memory_knobs(
     cfg: Config,
     shape: Shape | None,
-    cards: Mapping[str, float] | None = None,
+    cards: Mapping[int, float] | None = None,
     free: Mapping[int, float] | None = None,
 ) -> Config:
     """train.gradient_checkpointing=auto and train.grow_micro_batch made concrete, before loading.
@@ -578,7 +579,7 @@ def _micro_sizes(cfg: Config) -> list[int]:
 
 
 def _fits_with_room(
-    cfg: Config, shape: Shape, cards: Mapping[str, float] | None, free: Mapping[int, float]
+    cfg: Config, shape: Shape, cards: Mapping[int, float] | None, free: Mapping[int, float]
 ) -> bool:
     have = host_total_gib()
     host_ok = not have or host_gib(cfg, shape) <= AUTO_MARGIN * HOST_USABLE * have
@@ -593,7 +594,7 @@ def _fits_with_room(
 AUTO_MARGIN = 0.75
 
 
-def check_plan(cfg: Config, model_dir: Path, cards: Mapping[str, float] | None = None) -> None:
+def check_plan(cfg: Config, model_dir: Path, cards: Mapping[int, float] | None = None) -> None:
     """Before anything loads: a config that cannot fit (a GPU, or the host's RAM) is a ConfigError naming the
     GPU or the host and the knob."""
     from lite_verl.errors import ConfigError
