@@ -17,6 +17,7 @@
 #                                       #   (big fsdp16:7b 1 32: one step, micro-batch 32)
 #   bash bench/gpu_session.sh trl 10    # bench/vs_trl.py --gpu: lite-verl vs TRL GRPOTrainer, vLLM colocated (trl set)
 #                                       #   (trl 6 1.5b merged 1 unsloth: Unsloth's GRPO as well, UNSLOTH=1 gpu_stage.sh)
+#                                       #   (trl 6 1.5b merged 1 unsloth --no-checkpointing: every side without it)
 #   bash bench/gpu_session.sh profile   # bench/profile_update.py: one LoRA update, fused / plain head, ckpt on/off
 #   bash bench/gpu_session.sh peak 7b   # bench/card_peak.py: the 4090x1 qlora + AWQ GRPO's device-wide peak, loading
 #                                       #   included, and step time: preset / kv_auto / offload / lean (peak 7b 4 lean: one)
@@ -73,7 +74,7 @@ case "${1:-}" in
                python3 -m pip install -q --no-deps --no-index --target /tmp/site_uns /tmp/uns/uns/*.whl || exit 1
              fi
              U=(--unsloth-site /tmp/site_uns); fi
-           limit python3 -m bench.vs_trl --gpu --steps "${2:-10}" --size "${3:-1.5b}" --sync "${4:-adapter}" --sleep-level "${5:-1}" "${U[@]}" 2>&1 | tee "$OUT/trl.log" | grep -vE "^(INFO|WARNING|\(|\[)" | tail -40
+           limit python3 -m bench.vs_trl --gpu --steps "${2:-10}" --size "${3:-1.5b}" --sync "${4:-adapter}" --sleep-level "${5:-1}" "${U[@]}" "${@:7}" 2>&1 | tee "$OUT/trl.log" | grep -vE "^(INFO|WARNING|\(|\[)" | tail -40
            cp /tmp/lite-verl-vs-trl.log $X/ 2>/dev/null ;;
   peakwarm) rm -rf /tmp/lvw && mkdir /tmp/lvw && tar -C "$PWD" --exclude=./.stage -cf - . | tar -C /tmp/lvw -xf - && rm -f /tmp/peakwarm.rc
            (cd /tmp/lvw && PYTHONPATH=/tmp/site:/tmp/lvw setsid nohup python3 -m bench.card_peak --warm --size "${2:-7b}" --variants "${3:-offload}" \

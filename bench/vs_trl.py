@@ -9,7 +9,7 @@ Settings shared by both: the built-in echo task's prompts (same chat template), 
 batch, temperature 1, LoRA r=16 alpha 32 on all linear layers, no KL term (TRL beta=0, lite-verl
 use_kl_loss=false). CPU: tiny model, 16 prompts x 8 samples, <= 16 new tokens, lr 3e-3, fp32, HF
 generate on both sides. GPU (--gpu): a Qwen2.5-{size}-shaped random model, 32 prompts x 8, <= 256 new
-tokens, lr 1e-5, bf16, gradient checkpointing; lite-verl's 4090x1 layout without AWQ (vLLM colocated,
+tokens, lr 1e-5, bf16, gradient checkpointing (--no-checkpointing: off on every side); lite-verl's 4090x1 layout without AWQ (vLLM colocated,
 sleeping during updates, --sync adapter|merged) vs TRL's vLLM colocate mode (TRL's defaults: no sleep,
 weights merged and loaded into vLLM each step), micro-batches of 32 sequences on both (TRL: per-device
 batch 32, 8 accumulation steps = one optimizer step per generation batch).
@@ -54,6 +54,7 @@ class Shared:
     trl_cpu_bf16: bool = (
         False  # --trl-bf16: TRL's own default on a CPU (bf16 autocast), not the fp32 both share
     )
+    checkpointing: bool = True  # GPU: gradient checkpointing on every side (--no-checkpointing: off on all)
 
 
 CPU, GPU = Shared(), Shared(prompts=32, new_tokens=256, lr=1e-5, micro=32)
@@ -94,8 +95,8 @@ def lite_verl(
             "rollout.quantization=none",
             f"sync.mode={sync}",
             f"train.micro_batch_size={s.micro}",
-            "train.grow_micro_batch=false",  # TRL's sizes: 32 rows with checkpointing (--set may change them)
-            "train.gradient_checkpointing=true",
+            "train.grow_micro_batch=false",  # TRL's sizes: 32 rows (--set may change them)
+            f"train.gradient_checkpointing={str(s.checkpointing).lower()}",
             f"rollout.sleep_level={sleep_level}",
             "rollout.gpu_memory_utilization=0.3",
             "data.max_prompt_length=128",
@@ -141,7 +142,7 @@ def trl_config(s: Shared, steps: int, gpu: bool, seed: int):
         micro = s.micro
         where = dict(
             per_device_train_batch_size=micro, gradient_accumulation_steps=s.prompts * s.n // micro,
-            steps_per_generation=s.prompts * s.n // micro, bf16=True, gradient_checkpointing=True, use_vllm=True,
+            steps_per_generation=s.prompts * s.n // micro, bf16=True, gradient_checkpointing=s.checkpointing, use_vllm=True,
             vllm_mode="colocate", vllm_gpu_memory_utilization=0.3, max_prompt_length=128,
         )  # fmt: skip
     return GRPOConfig(
@@ -242,7 +243,8 @@ def unsloth(model: str, steps: int, s: Shared, seed: int, site: str) -> dict[str
     # Unsloth before anything imports transformers, peft or TRL: it patches them on import
     first = "import unsloth; from bench.vs_trl import main; main()"
     cmd = [sys.executable, "-c", first, "--unsloth-child", str(out), "--model", model,
-           "--steps", str(steps), "--seed", str(seed), "--warmup", str(WARMUP[0])]  # fmt: skip
+           "--steps", str(steps), "--seed", str(seed), "--warmup", str(WARMUP[0]),
+           *([] if s.checkpointing else ["--no-checkpointing"])]  # fmt: skip
     with PeakGpuMemory() as mem:
         subprocess.run(cmd, env=env, check=True)
     result = json.loads(out.read_text())
@@ -251,20 +253,20 @@ def unsloth(model: str, steps: int, s: Shared, seed: int, site: str) -> dict[str
     return result["figures"]
 
 
-def unsloth_child(out: Path, model: str, steps: int, seed: int) -> None:
+def unsloth_child(out: Path, model: str, steps: int, seed: int, checkpointing: bool) -> None:
     """The child's side of unsloth() (Unsloth already imported: it patches transformers and TRL), then the
     same GRPOConfig and echo task as TRL's side, with Unsloth's defaults where it has its own (its
     gradient checkpointing, its vLLM's LoRA)."""
     import torch
     from unsloth import FastLanguageModel  # imported first of all by unsloth()'s command line
 
-    s = GPU
+    s = replace(GPU, checkpointing=checkpointing)
     lm, tokenizer = FastLanguageModel.from_pretrained(
         model_name=model, max_seq_length=128 + s.new_tokens, load_in_4bit=False, fast_inference=True,
         max_lora_rank=s.rank, gpu_memory_utilization=0.3, dtype=torch.bfloat16,
     )  # fmt: skip
     lm = FastLanguageModel.get_peft_model(
-        lm, r=s.rank, lora_alpha=32, target_modules=UNSLOTH_TARGETS, use_gradient_checkpointing="unsloth",
+        lm, r=s.rank, lora_alpha=32, target_modules=UNSLOTH_TARGETS, use_gradient_checkpointing="unsloth" if checkpointing else False,
         random_state=seed,
     )  # fmt: skip
     figures, curve = grpo_run(lm, tokenizer, None, steps, s, True, seed)
@@ -286,9 +288,11 @@ def describe(args: argparse.Namespace, s: Shared) -> tuple[str, str, str]:
 
     if args.gpu:
         cmd = f"python -m bench.vs_trl --gpu --steps {args.steps} --size {args.size} --sync {args.sync} --sleep-level {args.sleep_level}"
+        cmd += "" if s.checkpointing else " --no-checkpointing"
         settings = (f"GPU, vLLM colocated in both (lite-verl: 4090x1 layout, no AWQ, sleep level {args.sleep_level} + {args.sync} sync; TRL: colocate "
                     f"defaults), echo task, {s.prompts} prompts x {s.n}, <= {s.new_tokens} new tokens, LoRA r={s.rank}, lr {s.lr}, "
-                    f"bf16, grad checkpointing, micro-batch {s.micro} on both, no KL, {args.steps} steps; TRL {trl_pkg.__version__}")  # fmt: skip
+                    f"bf16, grad checkpointing {'on' if s.checkpointing else 'off'} on every side, micro-batch {s.micro} on both, "
+                    f"no KL, {args.steps} steps; TRL {trl_pkg.__version__}")  # fmt: skip
         label = f"Qwen2.5-{args.size} shape (random, bf16)"
     else:
         cmd = (f"python -m bench.vs_trl --steps {args.steps} --model {args.model} --repeats {args.repeats} --engine {args.engine} "
@@ -306,7 +310,7 @@ def describe(args: argparse.Namespace, s: Shared) -> tuple[str, str, str]:
         label = args.model
     if args.unsloth_site:
         settings += (f"; Unsloth {site_version(args.unsloth_site, 'unsloth')} (fast_inference: its vLLM serving the "
-                     "adapter; its own gradient checkpointing; trl "
+                     "adapter; its own gradient checkpointing where on; trl "
                      f"{site_version(args.unsloth_site, 'trl')})")  # fmt: skip
         cmd += f" --unsloth-site {args.unsloth_site}"
     if args.set:
@@ -389,6 +393,12 @@ def parse_args() -> argparse.Namespace:
         "--unsloth-child", type=Path, help=argparse.SUPPRESS
     )  # unsloth(): the child's output file
     ap.add_argument("--seed", type=int, default=0, help=argparse.SUPPRESS)  # the child's seed
+    ap.add_argument(
+        "--no-checkpointing",
+        dest="checkpointing",
+        action="store_false",
+        help="--gpu: gradient checkpointing off on every side (lite-verl, TRL, Unsloth): #29 goal 1 reports both",
+    )
     ap.add_argument("--trl-bf16", action="store_true",
                     help="CPU: TRL's side with bf16=True, its own default (the CPU figures otherwise run both in fp32)")  # fmt: skip
     ap.add_argument("--engine", default="hf", choices=("hf", "vllm"), help="CPU: lite-verl's rollout engine")
@@ -448,11 +458,11 @@ def main() -> None:
     args = parse_args()
     WARMUP[0] = args.warmup
     if args.unsloth_child:
-        unsloth_child(args.unsloth_child, args.model, args.steps, args.seed)
+        unsloth_child(args.unsloth_child, args.model, args.steps, args.seed, args.checkpointing)
         return
     if args.unsloth_site and not args.gpu:
         raise SystemExit("--unsloth-site: Unsloth's GRPO runs on a GPU only (add --gpu)")
-    s = GPU if args.gpu else CPU
+    s = replace(GPU, checkpointing=args.checkpointing) if args.gpu else CPU
     if not args.gpu:  # a real model on the CPU (#29 goal 5) takes other lengths and a real-model lr
         s = replace(
             s,
