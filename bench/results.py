@@ -357,7 +357,20 @@ NOTES = {  # what a reader must know about a table that its rows do not say
     "at 4 GiB so the plan keeps checkpointing, 8 rows): lean 4.72 GiB (plan 4.67, -1.1%), step 10.6 s; lean_eager "
     "(vLLM without CUDA graphs) 4.24 GiB (plan 3.82, -9.9%) with a 9x slower rollout (16.6 vs 1.84 s): eager saved "
     "0.48 GiB, not the 0.85 planned (plan.VLLM_CONTEXT_GIB is now 1.12, measured). Goal 3's 1.5B <= 4 GB (3.73 GiB): "
-    "NEGATIVE at 4.24 GiB even without graphs.",
+    "NEGATIVE at 4.24 GiB even without graphs. 2026-12-08: the park's GPU test passed on an H100 (8158bfa, with "
+    "tests/test_head.py: 14 passed); a parked trainer process keeps 0.75 GiB (park_footprint), not the plan's 0.5, which "
+    "is now 0.75: the lean 7B's plan is 10.25 GiB by the update (10.07 by the rollout), -4.8% against the 10.77 measured "
+    "(recomputed, not re-run). That names 0.25 of the 0.77 GiB over goal 3; the rest is vLLM's side (its process "
+    "peaked 9.40 against 9.32 planned at cca00d3) and what the per-process split (card_peak's at_peak_* rows, from "
+    "7009fd3) will show.",
+    "park_footprint": "#29 goal 3: what a trainer process keeps on the card once HostPark moved its tensors out "
+    "(train.offload_during_rollout), i.e. what vLLM cannot have during a lean rollout. One H100, 8158bfa, torch 2.11 + "
+    "CUDA 13, bitsandbytes 0.50.2; a random Qwen2.5-shaped model loaded as a run does, LoRA r16 + AdamW, one "
+    "forward/backward/step of 8 x 384 tokens. parked_process_gib 0.75 (1.5B QLoRA), 0.75 (1.5B LoRA), 0.76 (7B QLoRA): "
+    "context_gib 0.60 of it is the bare CUDA context, the rest the kernels a step loads; torch's cache after the park "
+    "0.000-0.002 GiB (the park hands its memory back). plan.OVERHEAD_GIB was 0.5, now 0.75. trained_process_gib is the "
+    "bench's own plain forward (HF's full fp32 logits of 8 x 384 x 152k), not lite-verl's update: no plan figure to "
+    "compare.",
     "vs_trl": "CPU (2 cores), tiny:qwen2, both generating with HF transformers. Throughput counts generated "
     "tokens plus tokens through the update, per wall second of the training loop. The learning columns are "
     "not a like-for-like comparison yet: TRL's GRPO defaults (loss_type, reward scaling, clipping) differ "
