@@ -4,8 +4,9 @@
 
 train.offload_during_rollout parks the trainer's tensors in host memory (lite_verl/train/park.py), but the
 process stays: its CUDA context, the kernels it loaded (cuBLAS, bitsandbytes, attention) and whatever the
-caching allocator keeps. The plan counts OVERHEAD_GIB (0.5) for it beside vLLM's rollout; the 7B lean run
-measured 10.77 GiB device-wide against 10.0 planned (H100, 2026-12-07). This process loads a random
+caching allocator keeps. The plan counts plan.OVERHEAD_GIB for it beside vLLM's rollout (0.5 until this
+bench measured 0.75 on an H100, 2026-12-08; the 7B lean run had measured 10.77 GiB device-wide against 10.0
+planned). This process loads a random
 Qwen2.5-shaped model as a run does (lite_verl.model.load, QLoRA's 4-bit base with --nf4), adds a LoRA adapter
 and AdamW, runs one forward/backward/step of rows x tokens and parks, measuring the card's used memory
 (nvidia-smi, device-wide: the only process on it) before CUDA starts, with the bare context, after the step
