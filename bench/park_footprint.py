@@ -12,6 +12,9 @@ and AdamW, runs one forward/backward/step of rows x tokens and parks, measuring 
 (nvidia-smi, device-wide: the only process on it) before CUDA starts, with the bare context, after the step
 and parked. Rows: parked_process_gib (what vLLM cannot have), context_gib and parked_reserved_gib (torch's
 cache after the park: near 0 if the park hands everything back).
+On the bare GPU machine it needs only bitsandbytes beside what is there: `pip download --no-deps -d .stage/bnb
+bitsandbytes==0.50.2` here (41 MiB), carry [".stage/bnb"], `pip install --no-deps --no-index --target /tmp/site
+.stage/bnb/*.whl` there, PYTHONPATH=/tmp/site:$PWD.
 """
 
 from __future__ import annotations
