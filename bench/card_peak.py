@@ -41,8 +41,9 @@ import subprocess
 import sys
 from pathlib import Path
 
+from bench.gpu_models import built_model, in_child
 from bench.results import append, render
-from bench.train_run import PeakGpuMemory, ProcessMemory, memory_figures, train_run
+from bench.train_run import PeakGpuMemory, ProcessMemory, gpu0_memory_gib, memory_figures, train_run
 
 CARD_GIB = 24.0  # the card the preset is written for
 VARIANTS = {
@@ -62,25 +63,6 @@ VARIANTS = {
     ],
 }
 PHASES = ("rollout", "sleep", "update", "sync")
-
-
-def card_gib() -> float:
-    out = subprocess.run(["nvidia-smi", "--query-gpu=memory.total", "--format=csv,noheader,nounits", "-i", "0"],
-                         capture_output=True, text=True, check=True).stdout  # fmt: skip
-    return float(out.split()[0]) / 1024
-
-
-def in_child(code: str) -> str:
-    """The last line `code` prints, run by a child Python: what it allocates on the card goes with it."""
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
-    return out.strip().splitlines()[-1]
-
-
-def built_model(size: str, root: Path) -> tuple[Path, str]:
-    """bench/gpu_models.bench_model, in a child process."""
-    path, label = in_child(f"from pathlib import Path; from bench.gpu_models import bench_model; "
-                           f"print(*bench_model({size!r}, Path({str(root)!r})), sep='|')").split("|", 1)  # fmt: skip
-    return Path(path), label
 
 
 def quantized(model: Path, prompts: int) -> Path:
@@ -106,7 +88,7 @@ def quantized(model: Path, prompts: int) -> Path:
 
 
 def run_variant(name: str, model: Path, args: argparse.Namespace) -> dict[str, float]:
-    card = card_gib()
+    card = gpu0_memory_gib("total")
     sets = [f"model.path={model}", f"rollout.quantized_path={quantized(model, args.calib_prompts)}",
             "data.max_prompt_length=128", "train.backend=qlora", "trainer.batch_size=16", "rollout.n=8",
             "rollout.max_new_tokens=256", f"trainer.total_steps={args.steps}", "data.val_size=0",

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 
 SHAPES = {  # Qwen2.5 shapes (hidden, intermediate, layers, heads, kv heads, tied embeddings)
@@ -51,3 +53,17 @@ def bench_model(size: str, root: Path) -> tuple[Path, str]:
     if not (out / "config.json").is_file():
         make_tiny_model(out)
     return out, "tiny:qwen2 (random, fp32)"
+
+
+def in_child(code: str) -> str:
+    """The last line `code` prints, run by a child Python: what it allocates on the card goes with it."""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    return out.strip().splitlines()[-1]
+
+
+def built_model(size: str, root: Path) -> tuple[Path, str]:
+    """bench_model in a child process: the caller never touches the card (its peak, or its used memory before
+    CUDA starts, is then the run's alone)."""
+    path, label = in_child(f"from pathlib import Path; from bench.gpu_models import bench_model; "
+                           f"print(*bench_model({size!r}, Path({str(root)!r})), sep='|')").split("|", 1)  # fmt: skip
+    return Path(path), label

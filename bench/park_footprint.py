@@ -20,17 +20,12 @@ bitsandbytes==0.50.2` here (41 MiB), carry [".stage/bnb"], `pip install --no-dep
 from __future__ import annotations
 
 import argparse
-import subprocess
 import sys
 from pathlib import Path
 
+from bench.gpu_models import built_model
 from bench.results import append, render
-
-
-def used_gib() -> float:
-    out = subprocess.run(["nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader,nounits", "-i", "0"],
-                         capture_output=True, text=True, check=True).stdout  # fmt: skip
-    return float(out.split()[0]) / 1024
+from bench.train_run import gpu0_memory_gib
 
 
 def measure(model_dir: Path, rows: int, tokens: int, nf4: bool) -> dict[str, float]:
@@ -42,11 +37,11 @@ def measure(model_dir: Path, rows: int, tokens: int, nf4: bool) -> dict[str, flo
     from lite_verl.model.load import load_model
     from lite_verl.train.park import HostPark
 
-    base = used_gib()
+    base = gpu0_memory_gib("used")
     device = torch.device("cuda", 0)
     torch.zeros(1, device=device)
     torch.cuda.synchronize()
-    context = used_gib() - base
+    context = gpu0_memory_gib("used") - base
     page_granular_allocator(device)  # as build_rank_backend does for an offloaded adapter-synced trainer
     model = load_model(model_dir, load_config("4090x1").model, device, nf4=nf4)
     model = get_peft_model(model, LoraConfig(r=16, target_modules="all-linear"))
@@ -58,9 +53,9 @@ def measure(model_dir: Path, rows: int, tokens: int, nf4: bool) -> dict[str, flo
     opt.zero_grad(set_to_none=True)
     del ids
     torch.cuda.synchronize()
-    trained = used_gib() - base
+    trained = gpu0_memory_gib("used") - base
     HostPark(device).park([model], [opt])
-    return {"context_gib": context, "trained_process_gib": trained, "parked_process_gib": used_gib() - base,
+    return {"context_gib": context, "trained_process_gib": trained, "parked_process_gib": gpu0_memory_gib("used") - base,
             "parked_reserved_gib": torch.cuda.memory_reserved(device) / 2**30}  # fmt: skip
 
 
@@ -74,8 +69,6 @@ def main() -> None:
     ap.add_argument("--nf4", action="store_true", help="QLoRA's 4-bit base (bitsandbytes)")
     ap.add_argument("--root", type=Path, default=Path("/tmp/lite-verl-bench-models"))
     args = ap.parse_args()
-    from bench.card_peak import built_model  # in a child process: this one must not touch the card first
-
     model, _ = built_model(args.size, args.root)
     out = measure(model, args.rows, args.tokens, args.nf4)
     print({k: round(v, 3) for k, v in out.items()}, flush=True)

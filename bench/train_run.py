@@ -59,6 +59,13 @@ def planned_peak_gib(run_dir: Path) -> float:
     return sum(p.peak_gib for p in plan(cfg, shape_of(resolve_model_path(cfg.model)), card_sizes(detect())))
 
 
+def gpu0_memory_gib(field: str) -> float:
+    """GPU 0's memory.<field> (total, used) as nvidia-smi reports it, device-wide (every process), in GiB."""
+    out = subprocess.run(["nvidia-smi", f"--query-gpu=memory.{field}", "--format=csv,noheader,nounits", "-i", "0"],
+                         capture_output=True, text=True, check=True).stdout  # fmt: skip
+    return float(out.split()[0]) / 1024
+
+
 class PeakGpuMemory:
     """Device-wide peak memory used on GPU 0 (every process on it), sampled by nvidia-smi every 100 ms while
     the block runs; peak_gib stays None on a machine without nvidia-smi (a CPU run of a GPU bench)."""

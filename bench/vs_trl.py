@@ -266,7 +266,7 @@ def unsloth_child(out: Path, model: str, steps: int, seed: int, checkpointing: b
         max_lora_rank=s.rank, gpu_memory_utilization=0.3, dtype=torch.bfloat16,
     )  # fmt: skip
     lm = FastLanguageModel.get_peft_model(
-        lm, r=s.rank, lora_alpha=32, target_modules=UNSLOTH_TARGETS, use_gradient_checkpointing="unsloth" if checkpointing else False,
+        lm, r=s.rank, lora_alpha=32, target_modules=UNSLOTH_TARGETS, use_gradient_checkpointing="unsloth" if s.checkpointing else False,
         random_state=seed,
     )  # fmt: skip
     figures, curve = grpo_run(lm, tokenizer, None, steps, s, True, seed)
