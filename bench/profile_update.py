@@ -50,6 +50,7 @@ VARIANTS = {
     "peft_casts": [],
     "grown": ["train.grow_micro_batch=true", "train.gradient_checkpointing=auto"],
     "liger": ["train.use_liger=true"],
+    "liger_no_ckpt": ["train.use_liger=true", "train.gradient_checkpointing=false"],
     "bf16": ["model.dtype=bfloat16"],
 }
 
