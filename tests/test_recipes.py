@@ -21,12 +21,12 @@ from lite_verl.reward.rules import COUNTDOWN_FORMAT_SCORE, countdown_score, defa
 # the hardware keys, spelled out once here so that a key moving class in schema.py is a visible change
 WHERE = {
     "model.dtype", "model.fp32_lm_head",
-    "rollout.engine", "rollout.gpus", "rollout.gpu_memory_utilization", "rollout.kv_cache_gib", "rollout.quantization",
+    "rollout.engine", "rollout.gpus", "rollout.gpu_memory_utilization", "rollout.kv_cache_gib", "rollout.kv_cache_dtype", "rollout.quantization",
     "rollout.quantized_path", "rollout.awq_group_size", "rollout.enforce_eager", "rollout.colocate",
     "rollout.sleep_level",
     "train.backend", "train.gpus", "train.cpu_ranks", "train.micro_batch_size", "train.pack_micro_batches",
     "train.gradient_checkpointing", "train.grow_micro_batch", "train.use_liger", "train.offload_params", "train.offload_optimizer",
-    "train.offload_during_rollout", "train.optimizer_state_dtype", "train.max_memory_gib",
+    "train.offload_during_rollout", "train.embeddings_on_host", "train.optimizer_state_dtype", "train.max_memory_gib",
     "reward.device", "reward.keep_alive_s", "sync.mode", "sync.bucket_mb", "trainer.plan_check",
     "cost.gpu_models", "cost.price_per_hour",
 }  # fmt: skip

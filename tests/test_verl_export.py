@@ -215,6 +215,15 @@ def test_awq_and_merged_sync_are_listed(tmp_path, capsys):
     assert "bf16" in notes and "actor_rollout_ref.model.lora.merge=true" in overrides(out)
 
 
+def test_an_fp8_kv_cache_goes_to_verls_vllm_engine_arguments(tmp_path):
+    key = "+actor_rollout_ref.rollout.engine_kwargs.vllm.kv_cache_dtype"
+    out = export(tmp_path / "fp8", "--preset", "4090x1", "--set", "rollout.kv_cache_dtype=fp8")
+    assert f"{key}=fp8" in overrides(out)
+    assert not any(
+        line.startswith(key) for line in overrides(export(tmp_path / "auto", "--preset", "4090x1"))
+    )
+
+
 def test_reward_function_file_travels(tmp_path):
     (tmp_path / "rw.py").write_text(
         "def score(data_source, solution_str, ground_truth, extra_info=None):\n    return 1.0\n"

@@ -20,6 +20,7 @@ from typing import Any, Literal, TypeVar, cast, get_args
 Dtype = Literal["float32", "bfloat16", "float16"]
 Engine = Literal["hf", "vllm"]
 Quantization = Literal["none", "awq"]
+KvCacheDtype = Literal["auto", "fp8"]
 Backend = Literal["lora", "qlora", "fsdp", "deepspeed"]
 LrScheduler = Literal["constant", "linear", "cosine"]  # algos.LR_SCHEDULES lists the same
 OptimizerStateDtype = Literal["float32", "bfloat16"]
@@ -178,6 +179,13 @@ class RolloutConfig:
         "the full length) with a margin; 0 = what gpu_memory_utilization leaves after weights and activations",
         where=True,
     )
+    kv_cache_dtype: KvCacheDtype = key(
+        "auto",
+        "vLLM on GPUs: the KV cache's element type; auto = the serving dtype (bf16/fp16, 2 bytes); fp8 = 1 byte "
+        "(vLLM's kv_cache_dtype=fp8, half the cache, for cards with FP8: RTX 40xx, L4, H100): the rollout's "
+        "log-probs move a little, as with AWQ, and algorithm.rollout_correction=auto corrects for it",
+        where=True,
+    )
     quantization: Quantization = key(
         "none", "weights the rollout engine serves (awq: 4-bit, vLLM only)", where=True
     )
@@ -285,6 +293,13 @@ class TrainConfig:
         "lora/qlora with a colocated vLLM (the hybrid engine): the trainer's weights, adapters and AdamW state wait in "
         "pinned host memory while vLLM generates, so the card holds one of the two at a time (costs two host copies "
         "of the trainer's weights per step)",
+        where=True,
+    )
+    embeddings_on_host: bool = key(
+        False,
+        "lora/qlora on a GPU, a model whose input embeddings are not its LM head (untied: Qwen2.5-7B and up): the "
+        "frozen input embedding table stays in host memory and each forward looks its tokens up there (a 7B's "
+        "1.0 GiB off the card for ~22 MB copied per 8 x 384-token micro-batch); a tied model keeps it on the card",
         where=True,
     )
     optimizer_state_dtype: OptimizerStateDtype = key(
@@ -490,11 +505,12 @@ class Config:
 
     def with_auto_resolved(self) -> Config:
         """algorithm.rollout_correction=auto made concrete: token-level truncated IS when the rollout engine
-        serves quantized weights or lags one update behind (its log-probs then differ from the trainer's
-        by design), none otherwise."""
+        serves quantized weights or a quantized KV cache, or lags one update behind (its log-probs then differ
+        from the trainer's by design), none otherwise."""
         if self.algorithm.rollout_correction != "auto":
             return self
-        quantized = self.rollout.quantization != "none" or self.train.backend == "qlora"
+        r = self.rollout
+        quantized = r.quantization != "none" or r.kv_cache_dtype != "auto" or self.train.backend == "qlora"
         mode: RolloutCorrection = "token" if quantized or self.rollout.max_staleness > 0 else "none"
         return replace(self, algorithm=replace(self.algorithm, rollout_correction=mode))
 

@@ -61,6 +61,7 @@ def validate_config(cfg: Config) -> Config:
     _check_algorithm(cfg)
     _check_reward_trainer(cfg)
     _check_offload_during_rollout(cfg)
+    _check_embeddings_on_host(cfg)
     _check_liger(cfg)
     _check_full_finetuning(cfg)
     _check_train_ranks(cfg)
@@ -138,6 +139,11 @@ def _check_rollout(cfg: Config) -> None:
         raise ConfigError(f"rollout.gpu_memory_utilization={r.gpu_memory_utilization} must be in (0, 1]")
     if r.kv_cache_gib != "auto" and r.kv_cache_gib < 0:
         raise ConfigError(f"rollout.kv_cache_gib={r.kv_cache_gib} must be >= 0 (GiB) or auto")
+    if r.kv_cache_dtype != "auto" and not (r.engine == "vllm" and r.gpus):
+        raise ConfigError(
+            f"rollout.kv_cache_dtype={r.kv_cache_dtype} is vLLM's KV cache on a GPU; this rollout runs on the "
+            "CPU or without vLLM: set rollout.kv_cache_dtype=auto"
+        )
     if r.kv_cache_gib and not (r.engine == "vllm" and r.gpus):
         raise ConfigError(
             f"rollout.kv_cache_gib={r.kv_cache_gib} sizes vLLM's cache on a GPU; this rollout runs on the "
@@ -335,6 +341,16 @@ def _check_liger(cfg: Config) -> None:
         raise ConfigError(
             "train.use_liger=true runs Liger's Triton kernels on a CUDA GPU, and this run trains on the CPU "
             "(train.gpus=[]): set train.use_liger=false, or train.gpus to a GPU id"
+        )
+
+
+def _check_embeddings_on_host(cfg: Config) -> None:
+    """train.embeddings_on_host: a frozen input embedding table, which full fine-tuning trains."""
+    t = cfg.train
+    if t.embeddings_on_host and t.full_finetune:
+        raise ConfigError(
+            f"train.embeddings_on_host=true keeps a frozen embedding table in host memory, and train.backend="
+            f"{t.backend} trains it: set train.embeddings_on_host=false (or train.offload_params=true)"
         )
 
 

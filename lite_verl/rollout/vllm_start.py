@@ -48,6 +48,7 @@ def worker_options(cfg: Config, model_path: Path, colocated: bool) -> WorkerOpti
         tensor_parallel_size=max(len(r.gpus), 1),
         kv_cache_bytes=kv_bytes,
         batch_limits=vllm_limits(cfg) if kv_bytes else (0, 0),
+        kv_cache_dtype=r.kv_cache_dtype,
     )
 
 

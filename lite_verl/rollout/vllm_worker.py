@@ -77,6 +77,7 @@ class WorkerOptions:
     # max_num_batched_tokens and max_num_seqs set to what the plan counts
     kv_cache_bytes: int = 0
     batch_limits: tuple[int, int] = (0, 0)
+    kv_cache_dtype: str = "auto"  # rollout.kv_cache_dtype (fp8: one byte per cached value)
 
 
 def engine_kwargs(o: WorkerOptions) -> dict[str, Any]:
@@ -101,6 +102,7 @@ def engine_kwargs(o: WorkerOptions) -> dict[str, Any]:
         enable_prefix_caching=True,
         **(fp32_lm_head() if o.fp32_lm_head else {}),
         **({"kv_cache_memory_bytes": o.kv_cache_bytes} if o.kv_cache_bytes else {}),
+        **({"kv_cache_dtype": o.kv_cache_dtype} if o.kv_cache_dtype != "auto" else {}),
         **(dict(zip(("max_num_batched_tokens", "max_num_seqs"), o.batch_limits)) if o.kv_cache_bytes else {}),
     )
     if o.max_lora_rank == 0:

@@ -57,10 +57,10 @@ RESUME_FIXED: dict[frozenset[str], str] = {  # the first group that holds a key 
 # keeps fp32 masters, so the checkpoint loads either way), refused only under deepspeed (_deepspeed_layout).
 PLACEMENT_KEYS = frozenset({
     "model.dtype", "model.fp32_lm_head", "model.trust_remote_code", "rollout.engine", "rollout.gpus",
-    "rollout.gpu_memory_utilization", "rollout.kv_cache_gib", "rollout.quantization", "rollout.quantized_path",
+    "rollout.gpu_memory_utilization", "rollout.kv_cache_gib", "rollout.kv_cache_dtype", "rollout.quantization", "rollout.quantized_path",
     "rollout.awq_group_size", "rollout.enforce_eager", "rollout.colocate", "rollout.sleep_level",
     "train.gpus", "train.cpu_ranks", "train.micro_batch_size", "train.pack_micro_batches", "train.grow_micro_batch", "train.use_liger",
-    "train.gradient_checkpointing", "train.offload_params", "train.offload_optimizer", "train.offload_during_rollout", "train.max_memory_gib",
+    "train.gradient_checkpointing", "train.offload_params", "train.offload_optimizer", "train.offload_during_rollout", "train.embeddings_on_host", "train.max_memory_gib",
     "reward.device", "reward.keep_alive_s", "sync", "trainer.plan_check", "cost",
 })  # fmt: skip
 # How long it runs and what it records. A longer run stretches a linear/cosine train.lr_scheduler, which is

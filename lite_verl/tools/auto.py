@@ -126,7 +126,7 @@ def plan_on(cfg: Config, shape: Shape, gpus: Sequence[Gpu]) -> list[GpuPlan]:
 def check_topology(cfg: Config, shape: Shape, gpus: Sequence[Gpu]) -> None:
     """Before anything loads: every GPU the config names exists here, and each has at least the plan's
     predicted peak free now (trainer.plan_check=false skips the memory part, as it does the plan's check)."""
-    missing = _missing(cfg, gpus)
+    missing = _missing(cfg, gpus) or _without_fp8(cfg, gpus)
     if missing:
         raise ConfigError(missing)
     for note in priced_as_another_card(cfg, gpus):
@@ -156,6 +156,25 @@ def _missing(cfg: Config, gpus: Sequence[Gpu]) -> str | None:
     return None
 
 
+FP8_CAPABILITY = (
+    8,
+    9,
+)  # Ada (RTX 40xx, L4) and later: vLLM's FP8 KV cache kernels; Ampere (3090, A10) has none
+
+
+def _without_fp8(cfg: Config, gpus: Sequence[Gpu]) -> str | None:
+    """rollout.kv_cache_dtype=fp8 on a rollout card older than Ada: vLLM would fail at its start."""
+    if cfg.rollout.kv_cache_dtype != "fp8":
+        return None
+    for g in gpus:
+        if g.id in cfg.rollout.gpus and g.capability < FP8_CAPABILITY:
+            return (
+                f"rollout.kv_cache_dtype=fp8 needs a card with FP8 (compute capability 8.9+: RTX 40xx, L4, H100); "
+                f"GPU {g.id} ({g.name}) is {g.capability[0]}.{g.capability[1]}: set rollout.kv_cache_dtype=auto"
+            )
+    return None
+
+
 def priced_as_another_card(cfg: Config, gpus: Sequence[Gpu]) -> list[str]:
     """One line per used GPU whose cost.gpu_models entry names another card than the one detected (a
     4090 preset run on an H200): the run goes ahead, but the bill prices and labels it as the named card."""
@@ -182,7 +201,7 @@ def _short_of_free(plans: list[GpuPlan], gpus: Sequence[Gpu]) -> str | None:
 def misfit(cfg: Config, shape: Shape, gpus: Sequence[Gpu]) -> str | None:
     """Why `cfg` cannot run on these cards (None when it can): a card's plan does not fit, or needs more
     than is free on it now."""
-    missing = _missing(cfg, gpus)
+    missing = _missing(cfg, gpus) or _without_fp8(cfg, gpus)
     if missing:
         return missing
     plans = plan_on(cfg, shape, gpus)

@@ -191,10 +191,11 @@ def root_reduce_bytes(cfg: Config, shape: Shape) -> float:
 def train_parts(cfg: Config, shape: Shape) -> dict[str, float]:
     t = cfg.train
     b = BYTES[cfg.model.dtype]
+    embeddings = shape.embedding_params() - host_embedding_params(cfg, shape)
     if t.backend == "qlora":
-        weights = shape.linear_params() * (0.5 + 1 / 64) + shape.embedding_params() * b
+        weights = shape.linear_params() * (0.5 + 1 / 64) + embeddings * b
     else:
-        weights = (shape.linear_params() + shape.embedding_params()) * b
+        weights = (shape.linear_params() + embeddings) * b
     lora = shape.layers * sum(
         t.lora_rank * (i + o)
         for k, (i, o) in shape.linears().items()
@@ -215,6 +216,15 @@ def train_parts(cfg: Config, shape: Shape) -> dict[str, float]:
     else:
         activations = shape.layers * per_layer_full + backward
     return {**static, "activations": activations / GIB, "LM head working set": head_bytes(cfg, shape) / GIB}
+
+
+def host_embedding_params(cfg: Config, shape: Shape) -> int:
+    """The input embedding table's parameters that train.embeddings_on_host keeps in host memory: an untied
+    table of a lora/qlora trainer on a GPU (train/park.embeddings_to_host), else none."""
+    t = cfg.train
+    if not (t.embeddings_on_host and t.gpus and not t.full_finetune and not shape.tied):
+        return 0
+    return shape.vocab * shape.hidden
 
 
 def head_bytes(cfg: Config, shape: Shape) -> float:
@@ -338,6 +348,10 @@ def host_parts(cfg: Config, shape: Shape) -> dict[str, float]:
         parts["reference policy (offloaded)"] = b * p / GIB
     if cfg.hybrid and cfg.rollout.sleep_level == 1:  # level 2 discards them
         parts["vLLM weights while asleep"] = served_weights_gib(cfg, shape)
+    if host_embedding_params(cfg, shape):  # one table per train GPU's process
+        parts["input embeddings (train.embeddings_on_host)"] = (
+            host_embedding_params(cfg, shape) * b * len(t.gpus) / GIB
+        )
     if t.offload_during_rollout:  # pinned copies kept from step to step, one per train GPU
         static = train_parts(cfg, shape)
         per_rank = static["train weights"] + static["LoRA + grads + AdamW"]
@@ -435,10 +449,17 @@ def kv_cache_gib(cfg: Config, shape: Shape) -> float:
     prompts = cfg.trainer.batch_size
     blocks = -(-cfg.data.max_prompt_length // KV_BLOCK) * prompts
     blocks += (-(-r.max_new_tokens // KV_BLOCK) + 1) * prompts * r.n
-    b = 4 if cfg.model.dtype == "float32" else 2  # vLLM's KV in its serving dtype (AWQ: fp16)
+    b = kv_element_bytes(cfg)
     shards = min(max(len(r.gpus), 1), shape.kv_heads)  # past the KV heads' count they are replicated
     per_gpu = blocks * KV_BLOCK * shape.kv_bytes_per_token(b) / shards
     return max(per_gpu / GIB, 0.25)
+
+
+def kv_element_bytes(cfg: Config) -> int:
+    """Bytes per value of vLLM's KV cache: rollout.kv_cache_dtype=fp8 one, else its serving dtype's (AWQ: fp16)."""
+    if cfg.rollout.kv_cache_dtype == "fp8":
+        return 1
+    return 4 if cfg.model.dtype == "float32" else 2
 
 
 def vllm_need_gib(cfg: Config, shape: Shape) -> float:

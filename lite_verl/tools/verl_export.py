@@ -190,6 +190,8 @@ def _rollout(cfg: Config, layout: Layout) -> list[Item]:
     ]
     if r.engine == "hf":
         items.append(Note("rollout.engine=hf", "verl generates with vLLM (rollout.name=vllm)"))
+    if r.kv_cache_dtype != "auto":  # verl hands rollout.engine_kwargs.vllm to vLLM as given
+        items.append(Override("+" + ROLLOUT + "engine_kwargs.vllm.kv_cache_dtype", r.kv_cache_dtype))
     if r.min_p:
         items.append(
             Note(f"rollout.min_p={r.min_p}", "verl's rollout config has no min_p: it samples without it")

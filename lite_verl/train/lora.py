@@ -38,7 +38,7 @@ from lite_verl.train.base import (
 )
 from lite_verl.train.dist import sum_gradients
 from lite_verl.train.head import response_log_probs
-from lite_verl.train.park import HostPark
+from lite_verl.train.park import HostPark, embeddings_to_host
 
 
 def dense_weight(linear: torch.nn.Module) -> torch.Tensor:
@@ -121,6 +121,12 @@ class LoraBackend:
         if cfg.checkpointing:
             self.model.gradient_checkpointing_enable()
             self.model.enable_input_require_grads()
+        if cfg.embeddings_on_host and not embeddings_to_host(self.model, device) and device.type == "cuda":
+            print(
+                "lite-verl: train.embeddings_on_host: this model's input embeddings are its LM head (tied), "
+                "which needs them on the GPU: they stay there",
+                file=sys.stderr,
+            )
         self.params = [p for p in self.model.parameters() if p.requires_grad]
         head = self.model.get_base_model().get_output_embeddings()
         # a plain linear head: the update's log-probs come from the hidden states without materialised
@@ -384,7 +390,7 @@ class LoraBackend:
                 sent.update(name for name, _, _ in group)
                 yield {n: t for name, w, b in group for n, t in (convert or plain)(name, w, b).items()}
             for n, t in self.unadapted_tensors(sent) if everything else ():
-                yield {n: t.to(torch_dtype(dtype))}
+                yield {n: t.to(self.device, torch_dtype(dtype))}  # train.embeddings_on_host: the table too
 
         bucket: Bucket = []
         size = 0
