@@ -214,6 +214,31 @@ def test_colocated_sleep_frees_memory_and_outputs_survive():
 
 
 @pytest.mark.gpu
+@pytest.mark.skipif(not has_cuda(), reason="an fp8 KV cache is vLLM's on a GPU")
+def test_an_fp8_kv_cache_holds_twice_the_tokens_and_samples_the_policy():
+    """rollout.kv_cache_dtype=fp8 (#29 goal 3): the same reserved cache holds twice the tokens of a bf16 one,
+    and the sampled log-probs stay near the trainer's (the rollout correction covers the rest)."""
+    from lite_verl.rollout.base import SamplingSettings
+
+    tokens, gaps = {}, {}
+    for dtype in ("auto", "fp8"):
+        session = _session(
+            "sync.mode=adapter", "rollout.kv_cache_gib=0.25", f"rollout.kv_cache_dtype={dtype}"
+        )
+        try:
+            tokens[dtype] = session.engine.stats()["kv_cache_tokens"]
+            rollout = session.engine.generate(
+                session.train_set.token_ids[:4], SamplingSettings(n=2, max_new_tokens=8), seed=3
+            )
+            gaps[dtype] = _gap(session, rollout)
+        finally:
+            session.engine.close()
+    print(f"KV tokens {tokens}, log-prob gaps {gaps}")
+    assert 1.8 * tokens["auto"] <= tokens["fp8"] <= 2.2 * tokens["auto"]
+    assert gaps["fp8"] < 0.1
+
+
+@pytest.mark.gpu
 @pytest.mark.skipif(not has_cuda(), reason="sleep mode is CUDA-only")
 def test_sleep_level_2_discards_the_weights_and_the_sync_restores_them():
     """rollout.sleep_level=2 (merged sync): asleep, vLLM holds less than at level 1 would (no weights);
