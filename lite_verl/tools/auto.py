@@ -156,10 +156,8 @@ def _missing(cfg: Config, gpus: Sequence[Gpu]) -> str | None:
     return None
 
 
-FP8_CAPABILITY = (
-    8,
-    9,
-)  # Ada (RTX 40xx, L4) and later: vLLM's FP8 KV cache kernels; Ampere (3090, A10) has none
+# Ada (RTX 40xx, L4) and later: vLLM's FP8 KV cache kernels; Ampere (3090, A10) has none
+FP8_CAPABILITY = (8, 9)
 
 
 def _without_fp8(cfg: Config, gpus: Sequence[Gpu]) -> str | None:
