@@ -46,6 +46,8 @@ def test_unknown_key_names_nearest():
         ("actor_rollout_ref.rollout.n", "did you mean 'rollout.n'"),
         ("num_generations", "TRL's 'num_generations' is lite-verl's rollout.n"),
         ("beta", "lite-verl's algorithm.kl_loss_coef"),
+        ("offload_embedding", "Unsloth's 'offload_embedding' is lite-verl's train.embeddings_on_host"),
+        ("actor_rollout_ref.rollout.engine_kwargs.vllm.kv_cache_dtype", "lite-verl's rollout.kv_cache_dtype"),
         (
             "max_seq_length",
             "Unsloth's 'max_seq_length' is lite-verl's data.max_prompt_length \\+ rollout.max_new_tokens",

@@ -28,6 +28,7 @@ VERL: dict[str, str] = {  # Hydra keys of verl's ppo_trainer.yaml
     "default_local_dir": "the --run-dir option of lite-verl train",
     "defaults": "nothing: Hydra's defaults list is not read; give one plain YAML file (--config) holding the keys",
     "project_name": "trainer.project_name",
+    "kv_cache_dtype": "rollout.kv_cache_dtype",  # rollout.engine_kwargs.vllm.kv_cache_dtype
     "experiment_name": "trainer.experiment_name",
     "logger": "trainer.loggers",
     "rollout.name": "rollout.engine",
@@ -79,6 +80,7 @@ UNSLOTH: dict[str, str] = {  # FastLanguageModel.from_pretrained / get_peft_mode
     "max_lora_rank": "train.lora_rank",
     "r": "train.lora_rank",
     "use_gradient_checkpointing": "train.gradient_checkpointing",
+    "offload_embedding": "train.embeddings_on_host",
 }
 FOREIGN_KEYS: dict[str, tuple[str, str]] = {
     k: (origin, v)
