@@ -194,14 +194,15 @@ def embeddings_to_host(model: torch.nn.Module, device: torch.device) -> bool:
     """train.embeddings_on_host: the frozen input embedding table moves to host memory for good; each forward
     looks its tokens up there and sends the rows to `device` (a micro-batch of 8 x 384 tokens of a 7B: 22 MB,
     against 1.0 GiB of table). Not for a table that is also the LM head (tied), which the head needs on the
-    card, nor off CUDA. -> whether it moved. The Parameter object stays (state_dict, checkpoints, exports)."""
+    card, nor off CUDA. -> whether it moved. The Parameter object stays (state_dict, checkpoints, exports; the
+optimizer holds none of it: the table is frozen)."""
     embed, head = model.get_input_embeddings(), model.get_output_embeddings()
     weight = embed.weight
     if head is not None and head.weight.data_ptr() == weight.data_ptr():
         return False
     if device.type != "cuda" or weight.device.type == "cpu" or weight.requires_grad:
         return False
-    weight.data = weight.data.to("cpu")
+    embed.to("cpu")  # with its buffers (Gemma's embed_scale); the Parameter objects stay
     embed.register_forward_pre_hook(_ids_to_host)
     embed.register_forward_hook(lambda module, args, out: out.to(device))
     torch.cuda.empty_cache()  # the table's device copy goes back to the driver
