@@ -455,6 +455,25 @@ def test_an_untied_embedding_table_on_the_host_leaves_the_card_and_is_counted_in
         )
 
 
+def test_trainer_weights_over_the_card_name_the_host_table_where_there_is_one():
+    """QLoRA's base already 4-bit and still the biggest part: an untied model is told to keep its input table in
+    host memory (with its size); a tied one, or one whose table is there already, is not."""
+    from lite_verl.tools import plan as plan_mod
+
+    sets = ["train.backend=qlora", "rollout.engine=hf", "rollout.quantization=none"]  # the trainer alone
+    big, card = replace(QWEN_7B, layers=60), {0: 12.0}  # a 4-bit base too big for a 12 GiB card
+    (p,) = plan_mod.plan(load_config("4090x1", None, sets), big, card)
+    assert max(p.parts, key=p.parts.get) == "train weights" and not p.fits
+    assert plan_mod.knob(load_config("4090x1", None, sets), p).startswith(
+        "set train.embeddings_on_host=true (the input embedding table, 1.0 GiB, in host memory)"
+    )
+    moved = load_config("4090x1", None, [*sets, "train.embeddings_on_host=true"])
+    (q,) = plan_mod.plan(moved, big, card)
+    assert q.host_table_gib == 0 and "embeddings_on_host" not in plan_mod.knob(moved, q)
+    (tied,) = plan_mod.plan(load_config("4090x1", None, sets), replace(big, tied=True), card)
+    assert tied.host_table_gib == 0
+
+
 def test_an_fp8_kv_cache_on_the_cpu_or_without_vllm_is_refused():
     with pytest.raises(
         ConfigError,
@@ -530,23 +549,27 @@ def test_an_exact_kv_cache_has_no_budget_to_fit_and_its_knob_is_named(monkeypatc
 
 
 def test_a_lean_vllm_over_the_card_is_told_its_next_lever():
-    """vLLM's part too big with kv_cache_gib set: the trainer's offload first, then no CUDA graphs, then neither."""
+    """vLLM's part too big with kv_cache_gib set: the trainer's offload first, then an fp8 KV cache, then no
+    CUDA graphs (the slowest), then none of them."""
     from lite_verl.tools import plan as plan_mod
 
     base = ["train.backend=qlora", "rollout.quantization=awq", "rollout.kv_cache_gib=30"]
+    offload, fp8 = "train.offload_during_rollout=true", "rollout.kv_cache_dtype=fp8"
     advice = []
-    for extra in ([], ["train.offload_during_rollout=true"],
-                  ["train.offload_during_rollout=true", "rollout.enforce_eager=true"]):  # fmt: skip
+    for extra in ([], [offload], [offload, fp8], [offload, fp8, "rollout.enforce_eager=true"]):
         cfg = load_config("4090x1", None, [*base, *extra])
         (p,) = plan_mod.plan(cfg, QWEN_1_5B)
         assert not p.fits
         advice.append(plan_mod.knob(cfg, p))
     assert "set train.offload_during_rollout=true" in advice[0] and "enforce_eager" not in advice[0]
     assert (
-        "set rollout.enforce_eager=true (no CUDA graphs: ~0.5 GiB less, rollouts several times slower)"
-        in advice[1]
+        "set rollout.kv_cache_dtype=fp8 (half the KV cache" in advice[1] and "enforce_eager" not in advice[1]
     )
-    assert "offload_during_rollout" not in advice[2] and "enforce_eager" not in advice[2]
+    assert (
+        "set rollout.enforce_eager=true (no CUDA graphs: ~0.5 GiB less, rollouts several times slower)"
+        in advice[2]
+    )
+    assert not any(k in advice[3] for k in ("offload_during_rollout", "kv_cache_dtype", "enforce_eager"))
     assert all(a.startswith("lower rollout.kv_cache_gib (now 30.0") for a in advice)
 
 

@@ -135,6 +135,7 @@ class GpuPlan:
         0.0  # the trainer's own tensors at its peak (what torch.cuda.max_memory_allocated sees)
     )
     train_cap_gib: float = 0.0  # train.max_memory_gib, 0 = none
+    host_table_gib: float = 0.0  # what train.embeddings_on_host would take off this card (0: nothing, or on)
 
     @property
     def fits(self) -> bool:
@@ -221,10 +222,13 @@ def train_parts(cfg: Config, shape: Shape) -> dict[str, float]:
 def host_embedding_params(cfg: Config, shape: Shape) -> int:
     """The input embedding table's parameters that train.embeddings_on_host keeps in host memory: an untied
     table of a lora/qlora trainer on a GPU (train/park.embeddings_to_host), else none."""
+    return movable_embedding_params(cfg, shape) if cfg.train.embeddings_on_host else 0
+
+
+def movable_embedding_params(cfg: Config, shape: Shape) -> int:
+    """The input embedding table's parameters train.embeddings_on_host can keep in host memory, set or not."""
     t = cfg.train
-    if not (t.embeddings_on_host and t.gpus and not t.full_finetune and not shape.tied):
-        return 0
-    return shape.vocab * shape.hidden
+    return 0 if not t.gpus or t.full_finetune or shape.tied else shape.vocab * shape.hidden
 
 
 def head_bytes(cfg: Config, shape: Shape) -> float:
@@ -285,7 +289,16 @@ def plan(cfg: Config, shape: Shape, cards: Mapping[int, float] | None = None) ->
             peak = max(static + vllm + merged_sync_gib(cfg, shape), static + dynamic + asleep)
         alloc = static + dynamic - OVERHEAD_GIB if g in cfg.train.gpus else 0.0
         cap = cfg.train.max_memory_gib if g in cfg.train.gpus else 0.0
-        out.append(GpuPlan(g, model, card, parts, peak, served, budget, alloc, cap))
+        table = (
+            0.0
+            if cfg.train.embeddings_on_host or g not in cfg.train.gpus
+            else movable_embedding_params(cfg, shape)
+        )
+        out.append(
+            GpuPlan(
+                g, model, card, parts, peak, served, budget, alloc, cap, table * BYTES[cfg.model.dtype] / GIB
+            )
+        )
     return out
 
 
@@ -490,6 +503,8 @@ def knob(cfg: Config, p: GpuPlan) -> str:
         return f"lower train.micro_batch_size (now {cfg.train.micro_batch_size}); the maths stays the same"
     if biggest == "train weights" and cfg.train.backend == "lora":
         return "use train.backend=qlora (a 4-bit base)"
+    if biggest == "train weights" and p.host_table_gib:
+        return f"set train.embeddings_on_host=true (the input embedding table, {p.host_table_gib:.1f} GiB, in host memory)"
     if cfg.train.full_finetune and biggest in FULL_STATIC:
         return _offload_knob(cfg, biggest)
     if biggest == GATHERED:  # whole, whatever the sharding
@@ -513,6 +528,8 @@ def _lean_knob(cfg: Config) -> str:
         return ""
     if not cfg.train.offload_during_rollout:
         return ", set train.offload_during_rollout=true"
+    if cfg.rollout.kv_cache_dtype == "auto":
+        return ", set rollout.kv_cache_dtype=fp8 (half the KV cache; cards with FP8: RTX 40xx, L4, H100)"
     if not cfg.rollout.enforce_eager:
         gib = VLLM_PROCESS_GIB - VLLM_CONTEXT_GIB
         return f", set rollout.enforce_eager=true (no CUDA graphs: ~{gib:.1f} GiB less, rollouts several times slower)"
