@@ -192,9 +192,9 @@ def _quant_state(state: object, seen: set[int]) -> Iterator[tuple[_Slot, torch.T
 
 def embeddings_to_host(model: torch.nn.Module, device: torch.device) -> bool:
     """train.embeddings_on_host: the frozen input embedding table moves to host memory for good; each forward
-        looks its tokens up there and sends the rows to `device` (a micro-batch of 8 x 384 tokens of a 7B: 22 MB,
-        against 1.0 GiB of table). Not for a table that is also the LM head (tied), which the head needs on the
-        card, nor off CUDA. -> whether it moved. The Parameter object stays (state_dict, checkpoints, exports; the
+    looks its tokens up there and sends the rows to `device` (a micro-batch of 8 x 384 tokens of a 7B: 22 MB,
+    against 1.0 GiB of table). Not for a table that is also the LM head (tied), which the head needs on the
+    card, nor off CUDA. -> whether it moved. The Parameter object stays (state_dict, checkpoints, exports; the
     optimizer holds none of it: the table is frozen)."""
     embed, head = model.get_input_embeddings(), model.get_output_embeddings()
     weight = embed.weight
