@@ -50,34 +50,15 @@ from bench.results import append, render
 from bench.train_run import PeakGpuMemory, ProcessMemory, gpu0_memory_gib, memory_figures, train_run
 
 CARD_GIB = 24.0  # the card the preset is written for
+LEAN = ["rollout.kv_cache_gib=auto", "train.offload_during_rollout=true", "train.grow_micro_batch=false"]
 VARIANTS = {
     "preset": [],
     "kv_auto": ["rollout.kv_cache_gib=auto"],
     "offload": ["rollout.kv_cache_gib=auto", "train.offload_during_rollout=true"],
-    "lean": [
-        "rollout.kv_cache_gib=auto",
-        "train.offload_during_rollout=true",
-        "train.grow_micro_batch=false",
-    ],
-    "lean_eager": [
-        "rollout.kv_cache_gib=auto",
-        "train.offload_during_rollout=true",
-        "train.grow_micro_batch=false",
-        "rollout.enforce_eager=true",
-    ],
-    "lean_fp8": [
-        "rollout.kv_cache_gib=auto",
-        "train.offload_during_rollout=true",
-        "train.grow_micro_batch=false",
-        "rollout.kv_cache_dtype=fp8",
-    ],
-    "lean_fp8_host": [
-        "rollout.kv_cache_gib=auto",
-        "train.offload_during_rollout=true",
-        "train.grow_micro_batch=false",
-        "rollout.kv_cache_dtype=fp8",
-        "train.embeddings_on_host=true",
-    ],
+    "lean": LEAN,
+    "lean_eager": [*LEAN, "rollout.enforce_eager=true"],
+    "lean_fp8": [*LEAN, "rollout.kv_cache_dtype=fp8"],
+    "lean_fp8_host": [*LEAN, "rollout.kv_cache_dtype=fp8", "train.embeddings_on_host=true"],
 }
 PHASES = ("rollout", "sleep", "update", "sync")
 
