@@ -248,6 +248,9 @@ def test_an_fp8_kv_cache_on_a_card_without_fp8_is_refused_before_loading():
     ):
         check_topology(fp8, QWEN_1_5B, ampere)
     check_topology(load_config("4090x1"), QWEN_1_5B, ampere)
+    # --preset auto: one clear line, not every rung of the ladder reported as not fitting
+    with pytest.raises(ConfigError, match=r"^rollout.kv_cache_dtype=fp8 needs a card with FP8"):
+        choose(ampere, None, ["rollout.kv_cache_dtype=fp8"], QWEN_1_5B)
 
 
 def test_a_preset_on_another_card_says_the_bill_uses_the_presets_card(capsys):

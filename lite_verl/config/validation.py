@@ -139,12 +139,13 @@ def _check_rollout(cfg: Config) -> None:
         raise ConfigError(f"rollout.gpu_memory_utilization={r.gpu_memory_utilization} must be in (0, 1]")
     if r.kv_cache_gib != "auto" and r.kv_cache_gib < 0:
         raise ConfigError(f"rollout.kv_cache_gib={r.kv_cache_gib} must be >= 0 (GiB) or auto")
-    if r.kv_cache_dtype != "auto" and not (r.engine == "vllm" and r.gpus):
+    vllm_on_gpus = r.engine == "vllm" and bool(r.gpus)
+    if r.kv_cache_dtype != "auto" and not vllm_on_gpus:
         raise ConfigError(
             f"rollout.kv_cache_dtype={r.kv_cache_dtype} is vLLM's KV cache on a GPU; this rollout runs on the "
             "CPU or without vLLM: set rollout.kv_cache_dtype=auto"
         )
-    if r.kv_cache_gib and not (r.engine == "vllm" and r.gpus):
+    if r.kv_cache_gib and not vllm_on_gpus:
         raise ConfigError(
             f"rollout.kv_cache_gib={r.kv_cache_gib} sizes vLLM's cache on a GPU; this rollout runs on the "
             "CPU or without vLLM: drop it (vLLM on the CPU takes VLLM_CPU_KVCACHE_SPACE)"

@@ -126,7 +126,7 @@ def plan_on(cfg: Config, shape: Shape, gpus: Sequence[Gpu]) -> list[GpuPlan]:
 def check_topology(cfg: Config, shape: Shape, gpus: Sequence[Gpu]) -> None:
     """Before anything loads: every GPU the config names exists here, and each has at least the plan's
     predicted peak free now (trainer.plan_check=false skips the memory part, as it does the plan's check)."""
-    missing = _missing(cfg, gpus) or _without_fp8(cfg, gpus)
+    missing = _unusable(cfg, gpus)
     if missing:
         raise ConfigError(missing)
     for note in priced_as_another_card(cfg, gpus):
@@ -139,6 +139,12 @@ def check_topology(cfg: Config, shape: Shape, gpus: Sequence[Gpu]) -> None:
             f"{short} (lite-verl plan); free it (nvidia-smi lists what holds it), lower the memory knobs "
             "(--preset auto picks them), or set trainer.plan_check=false to try anyway"
         )
+
+
+def _unusable(cfg: Config, gpus: Sequence[Gpu]) -> str | None:
+    """Why these cards cannot take `cfg` whatever its memory knobs: a GPU id it names is not here, or its fp8
+    KV cache is on a card without FP8."""
+    return _missing(cfg, gpus) or _without_fp8(cfg, gpus)
 
 
 def _missing(cfg: Config, gpus: Sequence[Gpu]) -> str | None:
@@ -199,7 +205,7 @@ def _short_of_free(plans: list[GpuPlan], gpus: Sequence[Gpu]) -> str | None:
 def misfit(cfg: Config, shape: Shape, gpus: Sequence[Gpu]) -> str | None:
     """Why `cfg` cannot run on these cards (None when it can): a card's plan does not fit, or needs more
     than is free on it now."""
-    missing = _missing(cfg, gpus) or _without_fp8(cfg, gpus)
+    missing = _unusable(cfg, gpus)
     if missing:
         return missing
     plans = plan_on(cfg, shape, gpus)
@@ -393,8 +399,8 @@ def _search(
             continue
         if cfg in seen:
             continue
-        missing = _missing(cfg, gpus)
-        if missing:  # GPU ids the user gave: no knob fixes that
+        missing = _unusable(cfg, gpus)
+        if missing:  # GPU ids or an fp8 cache the user gave: no knob of the ladder fixes that
             raise ConfigError(missing)
         seen.append(cfg)
         why = misfit(cfg, shape, gpus)

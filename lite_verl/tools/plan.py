@@ -289,16 +289,9 @@ def plan(cfg: Config, shape: Shape, cards: Mapping[int, float] | None = None) ->
             peak = max(static + vllm + merged_sync_gib(cfg, shape), static + dynamic + asleep)
         alloc = static + dynamic - OVERHEAD_GIB if g in cfg.train.gpus else 0.0
         cap = cfg.train.max_memory_gib if g in cfg.train.gpus else 0.0
-        table = (
-            0.0
-            if cfg.train.embeddings_on_host or g not in cfg.train.gpus
-            else movable_embedding_params(cfg, shape)
-        )
-        out.append(
-            GpuPlan(
-                g, model, card, parts, peak, served, budget, alloc, cap, table * BYTES[cfg.model.dtype] / GIB
-            )
-        )
+        movable = g in cfg.train.gpus and not cfg.train.embeddings_on_host  # knob() may propose the lever
+        table = movable_embedding_params(cfg, shape) * BYTES[cfg.model.dtype] / GIB if movable else 0.0
+        out.append(GpuPlan(g, model, card, parts, peak, served, budget, alloc, cap, table))
     return out
 
 
@@ -361,10 +354,9 @@ def host_parts(cfg: Config, shape: Shape) -> dict[str, float]:
         parts["reference policy (offloaded)"] = b * p / GIB
     if cfg.hybrid and cfg.rollout.sleep_level == 1:  # level 2 discards them
         parts["vLLM weights while asleep"] = served_weights_gib(cfg, shape)
-    if host_embedding_params(cfg, shape):  # one table per train GPU's process
-        parts["input embeddings (train.embeddings_on_host)"] = (
-            host_embedding_params(cfg, shape) * b * len(t.gpus) / GIB
-        )
+    table = host_embedding_params(cfg, shape)
+    if table:  # one table per train GPU's process
+        parts["input embeddings (train.embeddings_on_host)"] = table * b * len(t.gpus) / GIB
     if t.offload_during_rollout:  # pinned copies kept from step to step, one per train GPU
         static = train_parts(cfg, shape)
         per_rank = static["train weights"] + static["LoRA + grads + AdamW"]
