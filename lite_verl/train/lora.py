@@ -121,12 +121,8 @@ class LoraBackend:
         if cfg.checkpointing:
             self.model.gradient_checkpointing_enable()
             self.model.enable_input_require_grads()
-        if cfg.embeddings_on_host and not embeddings_to_host(self.model, device) and device.type == "cuda":
-            print(
-                "lite-verl: train.embeddings_on_host: this model's input embeddings are its LM head (tied), "
-                "which needs them on the GPU: they stay there",
-                file=sys.stderr,
-            )
+        if cfg.embeddings_on_host:
+            embeddings_to_host(self.model, device)
         self.params = [p for p in self.model.parameters() if p.requires_grad]
         head = self.model.get_base_model().get_output_embeddings()
         # a plain linear head: the update's log-probs come from the hidden states without materialised

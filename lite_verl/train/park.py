@@ -16,6 +16,7 @@ copied out once; later parks only drop its device copy.
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Iterable, Iterator
 
 import torch
@@ -98,7 +99,6 @@ def _warn_if_held(device: torch.device) -> bool:
     the plan's offload peak then does not hold. Names the biggest tensors still alive (what to park too).
     -> whether it warned."""
     import gc
-    import sys
 
     reserved, allocated = torch.cuda.memory_reserved(device), torch.cuda.memory_allocated(device)
     if reserved <= HELD_WARN_BYTES:
@@ -194,13 +194,20 @@ def embeddings_to_host(model: torch.nn.Module, device: torch.device) -> bool:
     """train.embeddings_on_host: the frozen input embedding table moves to host memory for good; each forward
     looks its tokens up there and sends the rows to `device` (a micro-batch of 8 x 384 tokens of a 7B: 22 MB,
     against 1.0 GiB of table). Not for a table that is also the LM head (tied), which the head needs on the
-    card, nor off CUDA. -> whether it moved. The Parameter object stays (state_dict, checkpoints, exports; the
-    optimizer holds none of it: the table is frozen)."""
+    card (one line says so), nor off CUDA. -> whether it moved. The Parameter object stays (state_dict,
+    checkpoints, exports; the optimizer holds none of it: the table is frozen)."""
     embed, head = model.get_input_embeddings(), model.get_output_embeddings()
     weight = embed.weight
-    if head is not None and head.weight.data_ptr() == weight.data_ptr():
+    if device.type != "cuda":
         return False
-    if device.type != "cuda" or weight.device.type == "cpu" or weight.requires_grad:
+    if head is not None and head.weight.data_ptr() == weight.data_ptr():
+        print(
+            "lite-verl: train.embeddings_on_host: this model's input embeddings are its LM head (tied), which "
+            "needs them on the GPU: they stay there",
+            file=sys.stderr,
+        )
+        return False
+    if weight.device.type == "cpu" or weight.requires_grad:
         return False
     embed.to("cpu")  # with its buffers (Gemma's embed_scale); the Parameter objects stay
     embed.register_forward_pre_hook(_ids_to_host)
