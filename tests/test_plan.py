@@ -433,26 +433,19 @@ def test_an_untied_embedding_table_on_the_host_leaves_the_card_and_is_counted_in
 
     sets = ["train.backend=qlora", "rollout.kv_cache_gib=auto", "train.offload_during_rollout=true"]
     table = 152_064 * 3_584 * 2 / GIB
-    card, host = (
-        load_config("4090x1", None, sets),
-        load_config("4090x1", None, [*sets, "train.embeddings_on_host=true"]),
-    )
-    assert train_parts(card, QWEN_7B)["train weights"] - train_parts(host, QWEN_7B)[
-        "train weights"
-    ] == pytest.approx(table)
-    assert plan_mod.host_parts(host, QWEN_7B)["input embeddings (train.embeddings_on_host)"] == pytest.approx(
-        table
-    )
+    card = load_config("4090x1", None, sets)
+    host = load_config("4090x1", None, [*sets, "train.embeddings_on_host=true"])
+    on_card, on_host = train_parts(card, QWEN_7B), train_parts(host, QWEN_7B)
+    assert on_card["train weights"] - on_host["train weights"] == pytest.approx(table)
+    in_ram = plan_mod.host_parts(host, QWEN_7B)
+    assert in_ram["input embeddings (train.embeddings_on_host)"] == pytest.approx(table)
     (p_card,), (p_host,) = plan(card, QWEN_7B), plan(host, QWEN_7B)
     assert p_host.peak_gib < p_card.peak_gib
     assert train_parts(host, QWEN_1_5B) == train_parts(card, QWEN_1_5B)  # tied
     assert "input embeddings (train.embeddings_on_host)" not in plan_mod.host_parts(host, QWEN_1_5B)
     with pytest.raises(ConfigError, match="train.backend=fsdp trains it: set train.embeddings_on_host=false"):
-        load_config(
-            "4090x1",
-            None,
-            ["train.backend=fsdp", "rollout.quantization=none", "train.embeddings_on_host=true"],
-        )
+        fsdp = ["train.backend=fsdp", "rollout.quantization=none", "train.embeddings_on_host=true"]
+        load_config("4090x1", None, fsdp)
 
 
 def test_trainer_weights_over_the_card_name_the_host_table_where_there_is_one():
