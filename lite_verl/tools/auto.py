@@ -204,10 +204,7 @@ def _short_of_free(plans: list[GpuPlan], gpus: Sequence[Gpu]) -> str | None:
 
 def misfit(cfg: Config, shape: Shape, gpus: Sequence[Gpu]) -> str | None:
     """Why `cfg` cannot run on these cards (None when it can): a card's plan does not fit, or needs more
-    than is free on it now."""
-    missing = _unusable(cfg, gpus)
-    if missing:
-        return missing
+    than is free on it now. The cards can take it otherwise (_search checked _unusable first)."""
     plans = plan_on(cfg, shape, gpus)
     for p in plans:
         if not p.fits:
